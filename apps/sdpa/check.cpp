@@ -1,0 +1,473 @@
+// `sdpa check`: random configurations through the CPU backend and the float64 oracle
+// (Backend::reference), compared under DESIGN.md §4's tolerances. Both backends see the
+// same values: inputs are rounded to the case's dtype first and the oracle gets exact
+// float64 copies of the rounded values, so the difference measured is the CPU kernel's
+// own error, not the error of rounding the inputs.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa::cli {
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The reference oracle is O(L·S·(E+Ev)) per head with a dtype switch per element: cases
+// above this many multiply-adds lose heads or batch so that 200 cases stay well under
+// 30 s on 2 cores.
+constexpr double kWorkBudget = 6e6;
+
+// mt19937_64's output sequence is fixed by the standard but the std:: distributions
+// are not, so the distributions are written here: the same --seed gives the same cases
+// with every standard library.
+class Random {
+ public:
+  explicit Random(std::uint64_t seed) : engine_(seed) {}
+  std::uint64_t below(std::uint64_t n) { return engine_() % n; }
+  double uniform() { return static_cast<double>(engine_() >> 11) * 0x1p-53; }
+  bool chance(double p) { return uniform() < p; }
+  double normal() {  // Box–Muller
+    const double u = 1.0 - uniform(), v = uniform();
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * M_PI * v);
+  }
+  template <class T>
+  T pick(std::initializer_list<T> choices) {
+    return *(choices.begin() + below(choices.size()));
+  }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+// Case i's generator depends only on (seed, i): a failing case can be rerun alone.
+std::uint64_t case_seed(std::uint64_t seed, int index) {
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<std::uint64_t>(index) + 1);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+enum class MaskKind { none, boolean, additive };
+
+struct CaseConfig {
+  DType dtype = DType::float32;
+  int rank = 4;
+  // Rank 4: (B, H, L, E). Rank 3: (H, L, E) — the library reads the leading dim of a
+  // rank-3 tensor as the head dim; B stays 1 and Hq = Hkv.
+  std::int64_t B = 1, Hq = 1, Hkv = 1, L = 1, S = 1, E = 1, Ev = 1;
+  MaskKind mask_kind = MaskKind::none;
+  DType mask_dtype = DType::boolean;
+  Shape mask_shape;
+  bool mask_expanded = false;     // the CPU gets a stride-0 view of the full shape (pytorch#191937)
+  bool fully_masked_row = false;  // one mask row set entirely to false / −inf
+  Causal causal = Causal::none;
+  std::optional<double> scale;
+  double dropout_p = 0.0;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  bool strided = false;  // Q, K, V are views of (B, L, H, E + pad) buffers
+  int pad = 0;
+  bool want_weights = false, want_lse = false;
+
+  Shape qkv_shape(std::int64_t heads, std::int64_t rows, std::int64_t cols) const {
+    return rank == 4 ? Shape{B, heads, rows, cols} : Shape{heads, rows, cols};
+  }
+  Shape scores_shape() const { return qkv_shape(Hq, L, S); }
+};
+
+// A shape that broadcasts to `target`: a random suffix of its dims, each either kept
+// or 1. Covers (L, S), (1, 1, L, S), (B, 1, 1, S), (Hq, 1, S), (S,), the full shape...
+Shape random_broadcast_shape(Random& rng, const Shape& target) {
+  const std::size_t rank = target.size();
+  const std::size_t mask_rank = rng.chance(0.4) ? rank : 1 + rng.below(rank);
+  Shape shape;
+  for (std::size_t d = rank - mask_rank; d < rank; ++d) {
+    const bool query_or_key_dim = d + 2 >= rank;
+    shape.push_back(rng.chance(query_or_key_dim ? 0.8 : 0.5) ? target[d] : 1);
+  }
+  return shape;
+}
+
+// Drops batch and heads until the oracle's work fits the budget.
+void fit_work_budget(CaseConfig& c) {
+  const auto work = [&] {
+    return static_cast<double>(c.B * c.Hq) * static_cast<double>(c.L * c.S) * static_cast<double>(c.E + c.Ev);
+  };
+  while (work() > kWorkBudget && c.B * c.Hq > 1) {
+    if (c.B > 1) {
+      c.B = 1;
+    } else if (c.Hkv > 1) {
+      c.Hq /= c.Hkv;
+      c.Hkv = 1;
+    } else {
+      c.Hq = c.Hq == 5 ? 2 : 1;  // keeps Hq a multiple of Hkv (= 1)
+    }
+  }
+}
+
+CaseConfig random_case(Random& rng) {
+  CaseConfig c;
+  c.dtype = rng.pick({DType::float32, DType::float64, DType::bfloat16, DType::float16});
+  c.rank = rng.chance(0.3) ? 3 : 4;
+  const auto length = [&] { return rng.pick<std::int64_t>({0, 1, 3, 17, 33, 64, 65, 129}); };
+  const auto head_dim = [&] { return rng.pick<std::int64_t>({1, 8, 40, 64, 80, 111, 128}); };
+  c.L = length();
+  c.S = length();
+  c.E = head_dim();
+  c.Ev = rng.chance(0.6) ? c.E : head_dim();
+  if (c.rank == 4) {
+    c.B = 1 + static_cast<std::int64_t>(rng.below(2));
+    c.Hkv = 1 + static_cast<std::int64_t>(rng.below(2));
+    c.Hq = c.Hkv * rng.pick<std::int64_t>({1, 2, 5});
+  } else {
+    c.Hq = c.Hkv = 1 + static_cast<std::int64_t>(rng.below(2));
+  }
+  fit_work_budget(c);
+
+  const double mask_roll = rng.uniform();
+  c.mask_kind = mask_roll < 0.3 ? MaskKind::none : mask_roll < 0.65 ? MaskKind::boolean : MaskKind::additive;
+  if (c.mask_kind != MaskKind::none) {
+    c.mask_shape = random_broadcast_shape(rng, c.scores_shape());
+    c.mask_dtype = c.mask_kind == MaskKind::boolean ? DType::boolean : rng.pick({c.dtype, DType::float32});
+    c.mask_expanded = rng.chance(0.2);
+    c.fully_masked_row = rng.chance(0.4);
+  }
+  c.causal = rng.pick({Causal::none, Causal::none, Causal::top_left, Causal::bottom_right});
+  if (rng.chance(0.3)) {
+    const double default_scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    c.scale = rng.chance(0.5) ? -default_scale : 2.0 * rng.uniform() - 1.0;
+  }
+  if (rng.chance(0.2)) {
+    c.dropout_p = rng.pick({0.1, 0.25, 0.5});
+    c.dropout_seed = rng.below(1u << 30);
+    c.dropout_offset = rng.below(1000);
+  }
+  c.strided = rng.chance(0.35);
+  c.pad = static_cast<int>(rng.below(4));
+  c.want_weights = rng.chance(0.4);
+  c.want_lse = rng.chance(0.5);
+  return c;
+}
+
+// The groups a case is counted in (besides "all").
+std::vector<std::string> features(const CaseConfig& c) {
+  std::vector<std::string> tags;
+  if (c.rank == 3) tags.push_back("rank3");
+  if (c.Hq != c.Hkv) tags.push_back("gqa");
+  if (c.Ev != c.E) tags.push_back("ev!=e");
+  if (c.L == 0 || c.S == 0) tags.push_back("empty");
+  if (c.mask_kind == MaskKind::boolean) tags.push_back("bool-mask");
+  if (c.mask_kind == MaskKind::additive) tags.push_back("float-mask");
+  if (c.mask_expanded) tags.push_back("stride0-mask");
+  if (c.fully_masked_row) tags.push_back("masked-row");
+  if (c.causal == Causal::top_left) tags.push_back("causal-tl");
+  if (c.causal == Causal::bottom_right) tags.push_back("causal-br");
+  if (c.scale) tags.push_back("scale");
+  if (c.dropout_p > 0.0) tags.push_back("dropout");
+  if (c.strided) tags.push_back("strided");
+  if (tags.empty()) tags.push_back("plain");
+  return tags;
+}
+
+std::string shape_string(const Shape& shape) {
+  // Appends piecewise: `"," + std::to_string(...)` trips GCC 12's -Wrestrict false
+  // positive (GCC PR105329).
+  std::string s = "(";
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (d) s += ',';
+    s += std::to_string(shape[d]);
+  }
+  return s + ")";
+}
+
+std::string describe(const CaseConfig& c) {
+  std::ostringstream out;
+  out << dtype_name(c.dtype) << " q" << shape_string(c.qkv_shape(c.Hq, c.L, c.E)) << " k"
+      << shape_string(c.qkv_shape(c.Hkv, c.S, c.E)) << " v" << shape_string(c.qkv_shape(c.Hkv, c.S, c.Ev));
+  if (c.mask_kind != MaskKind::none)
+    out << " mask=" << dtype_name(c.mask_dtype) << shape_string(c.mask_shape) << (c.mask_expanded ? "[stride0]" : "")
+        << (c.fully_masked_row ? "[masked-row]" : "");
+  if (c.causal != Causal::none) out << (c.causal == Causal::top_left ? " causal=top-left" : " causal=bottom-right");
+  if (c.scale) out << " scale=" << *c.scale;
+  if (c.dropout_p > 0.0) out << " dropout=" << c.dropout_p << " seed=" << c.dropout_seed << " offset=" << c.dropout_offset;
+  if (c.strided) out << " strided(pad=" << c.pad << ")";
+  if (c.want_weights) out << " +weights";
+  if (c.want_lse) out << " +lse";
+  return out.str();
+}
+
+// Calls fn(flat, index) for every element of `shape`, in row-major order.
+template <class Fn>
+void for_each_index(const Shape& shape, Fn&& fn) {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape) count *= size;
+  Shape index(shape.size(), 0);
+  for (std::int64_t flat = 0; flat < count; ++flat) {
+    fn(flat, index);
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+std::int64_t offset_of(const Shape& index, const Shape& strides) {
+  std::int64_t offset = 0;
+  for (std::size_t d = 0; d < index.size(); ++d) offset += index[d] * strides[d];
+  return offset;
+}
+
+// One of Q, K, V: what the CPU backend reads (`view` into `storage`, in the case's
+// dtype, maybe strided) and the oracle's packed float64 copy of the same values.
+struct Input {
+  Tensor storage;
+  TensorView view;
+  Tensor oracle;
+};
+
+// A (…, rows, cols) input. Strided: the buffer is laid out (B, L, H, E + pad) — the
+// layout a fused QKV projection produces — and viewed as (B, H, L, E) through strides.
+Input make_input(Random& rng, const CaseConfig& c, const Shape& shape) {
+  const std::vector<std::size_t> order = !c.strided ? std::vector<std::size_t>{0, 1, 2, 3}
+                                         : c.rank == 4 ? std::vector<std::size_t>{0, 2, 1, 3}
+                                                       : std::vector<std::size_t>{1, 0, 2};
+  Shape storage_shape;
+  for (std::size_t k = 0; k < shape.size(); ++k) storage_shape.push_back(shape[order[k]]);
+  if (c.strided) storage_shape.back() += c.pad;
+  const Shape storage_strides = contiguous_strides(storage_shape);
+  Shape view_strides(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) view_strides[order[k]] = storage_strides[k];
+
+  Input in{Tensor(c.dtype, storage_shape), {}, Tensor(DType::float64, shape)};
+  in.view = TensorView{in.storage.data(), c.dtype, shape, view_strides};
+  for_each_index(shape, [&](std::int64_t flat, const Shape& index) {
+    const std::int64_t at = offset_of(index, view_strides);
+    in.storage.set(at, rng.normal());
+    in.oracle.set(flat, in.storage.get(at));  // the rounded value: both sides see the same input
+  });
+  return in;
+}
+
+// The mask, its oracle copy (float64 for float masks) and the view the CPU gets.
+struct Mask {
+  Tensor storage;
+  TensorView view;
+  Tensor oracle;
+};
+
+// A stride-0 view of `mask` with the full target shape: what torch's expand() hands
+// to a kernel, the input behind pytorch#191937.
+TensorView expanded_view(const Tensor& mask, const Shape& target) {
+  const Shape& shape = mask.shape();
+  const Shape strides = contiguous_strides(shape);
+  Shape expanded(target.size(), 0);
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const std::size_t t = target.size() - shape.size() + d;
+    if (shape[d] == target[t]) expanded[t] = strides[d];
+  }
+  return TensorView{const_cast<void*>(mask.data()), mask.dtype(), target, expanded};
+}
+
+Mask make_mask(Random& rng, const CaseConfig& c) {
+  Mask m{Tensor(c.mask_dtype, c.mask_shape), {}, {}};
+  const bool is_bool = c.mask_kind == MaskKind::boolean;
+  const std::int64_t count = m.storage.numel();
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (is_bool)
+      m.storage.set(i, rng.chance(0.75) ? 1.0 : 0.0);
+    else
+      m.storage.set(i, rng.chance(0.1) ? -kInf : 2.0 * rng.normal());
+  }
+  const std::int64_t row = c.mask_shape.back();
+  if (c.fully_masked_row && count > 0) {
+    const std::int64_t r = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(count / row)));
+    for (std::int64_t j = 0; j < row; ++j) m.storage.set(r * row + j, is_bool ? 0.0 : -kInf);
+  }
+  m.oracle = Tensor(is_bool ? DType::boolean : DType::float64, c.mask_shape);
+  for (std::int64_t i = 0; i < count; ++i) m.oracle.set(i, m.storage.get(i));
+  m.view = c.mask_expanded ? expanded_view(m.storage, c.scores_shape()) : m.storage.view();
+  return m;
+}
+
+// DESIGN.md §4. float64 and float32 are direct. For bfloat16 / float16 the rule is
+// "at most 2× the error of a naive implementation in that dtype"; a naive kernel rounds
+// scores, probabilities and the products of P·V to the dtype, which costs a few unit
+// roundoffs u of the output scale. We use the proxy naive_err ≈ 8u, so the tolerance is
+// 2 × 8u × max(1, max|out|) — a fixed bound instead of running a second, naive kernel.
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::float64: return 1e-10;
+    case DType::float32: return 1e-5;
+    case DType::bfloat16: return 2.0 * 8.0 * 0x1p-8;   // u = 2^-8
+    case DType::float16: return 2.0 * 8.0 * 0x1p-11;  // u = 2^-11
+    case DType::boolean: break;
+  }
+  return 0.0;
+}
+
+// Max |got − want| / max(1, max|want|). Non-finite values must match exactly (−inf
+// log-sum-exp of a fully masked row); any other disagreement is an infinite error.
+double relative_error(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) return kInf;
+  double max_err = 0.0, max_ref = 1.0;
+  const std::int64_t count = want.numel();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double a = got.get(i), b = want.get(i);
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      const bool same = (std::isnan(a) && std::isnan(b)) || a == b;
+      if (!same) return kInf;
+      continue;
+    }
+    max_err = std::max(max_err, std::abs(a - b));
+    max_ref = std::max(max_ref, std::abs(b));
+  }
+  return max_err / max_ref;
+}
+
+struct CaseResult {
+  double output_error = 0.0;
+  double worst_ratio = 0.0;  // max over the compared tensors of error / tolerance
+  std::string failure;       // an exception's message, if one was thrown
+  bool passed() const { return failure.empty() && worst_ratio <= 1.0; }  // NaN fails
+};
+
+Options make_options(const CaseConfig& c, Backend backend, const std::optional<TensorView>& mask) {
+  Options o;
+  o.mask = mask;
+  o.causal = c.causal;
+  o.scale = c.scale;
+  o.dropout_p = c.dropout_p;
+  o.seed = c.dropout_seed;
+  o.offset = c.dropout_offset;
+  o.backend = backend;
+  return o;
+}
+
+CaseResult run_case(Random& rng, const CaseConfig& c) {
+  CaseResult result;
+  try {
+    const Input q = make_input(rng, c, c.qkv_shape(c.Hq, c.L, c.E));
+    const Input k = make_input(rng, c, c.qkv_shape(c.Hkv, c.S, c.E));
+    const Input v = make_input(rng, c, c.qkv_shape(c.Hkv, c.S, c.Ev));
+    std::optional<Mask> mask;
+    if (c.mask_kind != MaskKind::none) mask = make_mask(rng, c);
+    const Returns returns{c.want_weights, c.want_lse};
+
+    const ForwardResult got = forward(q.view, k.view, v.view,
+                                      make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt),
+                                      returns);
+    const ForwardResult want =
+        forward(q.oracle.view(), k.oracle.view(), v.oracle.view(),
+                make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt), returns);
+
+    // The oracle ran in float64; round its output to the case's dtype, as the CPU's
+    // output is, so the comparison sees the same final rounding on both sides.
+    const auto rounded = [&](const Tensor& t, DType dtype) {
+      Tensor r(dtype, t.shape());
+      for (std::int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+      return r;
+    };
+    result.output_error = relative_error(got.output, rounded(want.output, c.dtype));
+    result.worst_ratio = result.output_error / tolerance(c.dtype);
+    if (c.want_weights)
+      result.worst_ratio =
+          std::max(result.worst_ratio, relative_error(got.weights, rounded(want.weights, c.dtype)) / tolerance(c.dtype));
+    if (c.want_lse) {
+      const DType lse_dtype = got.lse.dtype();
+      result.worst_ratio = std::max(result.worst_ratio, relative_error(got.lse, want.lse) / tolerance(lse_dtype));
+    }
+  } catch (const std::exception& e) {
+    result.failure = e.what();
+  }
+  return result;
+}
+
+struct GroupStats {
+  int cases = 0;
+  int failures = 0;
+  double max_error = 0.0;
+  double tolerance = 0.0;
+};
+
+// Groups print in this order: dtype, then "all", then the features in tag order.
+struct GroupKey {
+  int dtype_rank;
+  int feature_rank;
+  std::string dtype, feature;
+  bool operator<(const GroupKey& o) const {
+    return std::tie(dtype_rank, feature_rank, feature) < std::tie(o.dtype_rank, o.feature_rank, o.feature);
+  }
+};
+
+int feature_rank(const std::string& feature) {
+  static const char* order[] = {"all",        "plain",        "rank3",      "gqa",       "ev!=e",
+                                "empty",      "bool-mask",    "float-mask", "stride0-mask",
+                                "masked-row", "causal-tl",    "causal-br",  "scale",     "dropout",
+                                "strided"};
+  for (int i = 0; i < static_cast<int>(std::size(order)); ++i)
+    if (feature == order[i]) return i;
+  return static_cast<int>(std::size(order));
+}
+
+void record(std::map<GroupKey, GroupStats>& groups, const CaseConfig& c, const CaseResult& r) {
+  std::vector<std::string> tags = features(c);
+  tags.insert(tags.begin(), "all");
+  for (const std::string& tag : tags) {
+    GroupStats& g = groups[GroupKey{static_cast<int>(c.dtype), feature_rank(tag), dtype_name(c.dtype), tag}];
+    ++g.cases;
+    if (!r.passed()) ++g.failures;
+    // std::max would drop a NaN error; keep it visible.
+    if (!(r.output_error <= g.max_error)) g.max_error = r.failure.empty() ? r.output_error : kInf;
+    g.tolerance = tolerance(c.dtype);
+  }
+}
+
+void print_table(const std::map<GroupKey, GroupStats>& groups) {
+  std::printf("%-9s %-13s %6s %12s %12s  %s\n", "dtype", "feature", "cases", "max err", "tolerance", "result");
+  for (const auto& [key, g] : groups)
+    std::printf("%-9s %-13s %6d %12.3e %12.3e  %s\n", key.dtype.c_str(), key.feature.c_str(), g.cases, g.max_error,
+                g.tolerance, g.failures == 0 ? "PASS" : "FAIL");
+}
+
+}  // namespace
+
+int check_command(const CheckArgs& args) {
+  const auto start = std::chrono::steady_clock::now();
+  std::map<GroupKey, GroupStats> groups;
+  int failures = 0;
+  for (int i = 0; i < args.cases; ++i) {
+    Random rng(case_seed(args.seed, i));
+    const CaseConfig config = random_case(rng);
+    const CaseResult result = run_case(rng, config);
+    record(groups, config, result);
+    if (!result.passed()) ++failures;
+    if (args.verbose || !result.passed()) {
+      std::printf("case %d: %s: output err %.3e, worst err/tol %.3g%s%s  %s\n", i, describe(config).c_str(),
+                  result.output_error, result.worst_ratio, result.failure.empty() ? "" : ", error: ",
+                  result.failure.c_str(), result.passed() ? "ok" : "FAIL");
+    }
+  }
+  print_table(groups);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s: %d cases, %d failed (seed %llu, %.1f s)\n", failures == 0 ? "PASS" : "FAIL", args.cases, failures,
+              static_cast<unsigned long long>(args.seed), seconds);
+  return failures == 0 ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace sdpa::cli

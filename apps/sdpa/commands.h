@@ -1,0 +1,46 @@
+// The sdpa command-line tool's subcommands. main.cpp parses the command line into these
+// argument structs; each command returns the process exit code.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace sdpa::cli {
+
+// Exit codes: 0 success, 1 a check found a mismatch, 2 bad input (a file, a shape, a
+// flag) — the same code CLI11 usage errors are mapped to in main.cpp.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+// `sdpa run`: one attention call on .npy files.
+struct RunArgs {
+  std::string query, key, value;
+  std::optional<std::string> mask;
+  std::string mask_polarity = "attend";  // attend (PyTorch) | ignore (seed 001: true = drop)
+  std::string causal = "none";           // none | top-left | bottom-right
+  std::optional<double> scale;
+  double dropout = 0.0;
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  int threads = 0;
+  std::string backend = "auto";  // auto | cpu | reference
+  std::string out;
+  std::optional<std::string> weights;
+  std::optional<std::string> lse;
+};
+int run_command(const RunArgs& args);
+
+// `sdpa check`: random configurations, CPU backend against the float64 oracle.
+struct CheckArgs {
+  int cases = 200;
+  std::uint64_t seed = 0;
+  bool verbose = false;
+};
+int check_command(const CheckArgs& args);
+
+// `sdpa info`: what the library found on this machine.
+int info_command();
+
+}  // namespace sdpa::cli

@@ -1,0 +1,96 @@
+// sdpa: the command-line front end. Parses arguments with CLI11 and dispatches to the
+// commands in commands.cpp; every computation goes through the public API.
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "commands.h"
+#include "sdpa/sdpa.h"
+
+namespace {
+
+using sdpa::cli::CheckArgs;
+using sdpa::cli::RunArgs;
+
+// Holds what the `run` flags parse into; the optional ones are resolved after parsing
+// because CLI11 2.1 (Debian 12) has no std::optional support.
+struct RunFlags {
+  RunArgs args;
+  std::string mask, weights, lse;
+  double scale = 0.0;
+  CLI::Option* mask_option = nullptr;
+  CLI::Option* scale_option = nullptr;
+  CLI::Option* weights_option = nullptr;
+  CLI::Option* lse_option = nullptr;
+
+  RunArgs resolve() const {
+    RunArgs resolved = args;
+    if (*mask_option) resolved.mask = mask;
+    if (*scale_option) resolved.scale = scale;
+    if (*weights_option) resolved.weights = weights;
+    if (*lse_option) resolved.lse = lse;
+    return resolved;
+  }
+};
+
+void add_run_command(CLI::App& app, RunFlags& flags) {
+  CLI::App* run = app.add_subcommand("run", "Compute attention on .npy files: softmax(Q K^T * scale + mask) V");
+  RunArgs& a = flags.args;
+  run->add_option("--query,-q", a.query, "Query (..., Hq, L, E), float16/32/64 .npy")->required();
+  run->add_option("--key,-k", a.key, "Key (..., Hkv, S, E); Hq must be a multiple of Hkv (GQA)")->required();
+  run->add_option("--value,-v", a.value, "Value (..., Hkv, S, Ev)")->required();
+  flags.mask_option = run->add_option("--mask,-m", flags.mask, "Mask .npy broadcastable to (..., Hq, L, S), bool or float");
+  run->add_option("--mask-polarity", a.mask_polarity,
+                  "attend: bool true = takes part, float added (PyTorch); ignore: true/nonzero = dropped (seed 001)")
+      ->check(CLI::IsMember({"attend", "ignore"}))
+      ->capture_default_str();
+  run->add_option("--causal", a.causal, "Causal alignment: none, top-left (PyTorch is_causal), bottom-right (KV cache)")
+      ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
+      ->capture_default_str();
+  flags.scale_option = run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))");
+  run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")->capture_default_str();
+  run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")->capture_default_str();
+  run->add_option("--offset", a.offset, "Dropout counter offset")->capture_default_str();
+  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->capture_default_str();
+  run->add_option("--backend", a.backend, "auto, cpu or reference (the float64 oracle)")
+      ->check(CLI::IsMember({"auto", "cpu", "reference"}))
+      ->capture_default_str();
+  run->add_option("--out,-o", a.out, "Output .npy (..., Hq, L, Ev), the query's dtype")->required();
+  flags.weights_option = run->add_option("--weights", flags.weights, "Also write the attention weights (..., Hq, L, S)");
+  flags.lse_option = run->add_option("--lse", flags.lse, "Also write the row log-sum-exp (..., Hq, L)");
+}
+
+void add_check_command(CLI::App& app, CheckArgs& args) {
+  CLI::App* check = app.add_subcommand("check", "Compare the CPU backend with the float64 oracle on random cases");
+  check->add_option("--cases", args.cases, "Number of random configurations")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")->capture_default_str();
+  check->add_flag("--verbose", args.verbose, "Print every case");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sdpa: exact scaled dot-product attention, softmax(Q K^T * scale + mask) V", "sdpa"};
+  app.set_version_flag("--version", std::string("sdpa ") + sdpa::version());
+  app.require_subcommand(1);
+
+  RunFlags run_flags;
+  CheckArgs check_args;
+  add_run_command(app, run_flags);
+  add_check_command(app, check_args);
+  app.add_subcommand("info", "Print the version, CPU features, chosen kernel and thread count");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; any usage error exits 2, like bad input files.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : sdpa::cli::kExitBadInput;
+  }
+
+  if (app.got_subcommand("run")) return sdpa::cli::run_command(run_flags.resolve());
+  if (app.got_subcommand("check")) return sdpa::cli::check_command(check_args);
+  return sdpa::cli::info_command();
+}

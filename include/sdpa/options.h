@@ -1,0 +1,41 @@
+// Everything about one attention call that is not a tensor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "sdpa/tensor.h"
+
+namespace sdpa {
+
+// Which keys a query may see when causal.
+//   top_left:     query i sees keys j <= i              (PyTorch is_causal=True)
+//   bottom_right: query i sees keys j <= i + S - L      (FlashAttention >= 2.1, KV cache)
+// They agree when L == S.
+enum class Causal { none, top_left, bottom_right };
+
+// Which implementation runs the call. `automatic` picks the fastest available;
+// `reference` is the float64 oracle (slow, for checking).
+enum class Backend { automatic, reference, cpu };
+
+struct Options {
+  // Optional mask, broadcastable to (..., Hq, L, S). bool: true = the position takes
+  // part (PyTorch's polarity). Floating point: added to the scaled scores.
+  std::optional<TensorView> mask;
+  Causal causal = Causal::none;
+  // Multiplies Q Kᵀ. Default 1/sqrt(E). Any finite value, negative and zero included.
+  std::optional<double> scale;
+
+  // Dropout on the attention weights, 0 <= dropout_p < 1. The keep/drop decision for
+  // (batch, head, i, j) is a pure function of (seed, offset, batch, head, i, j)
+  // through Philox4x32-10; see docs/semantics.md.
+  double dropout_p = 0.0;
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+
+  Backend backend = Backend::automatic;
+  // Threads for the CPU backend; 0 = OpenMP's default. Results do not depend on it.
+  int num_threads = 0;
+};
+
+}  // namespace sdpa

@@ -1,0 +1,14 @@
+// The CPU forward: tiled online softmax (FlashAttention-2, Dao 2023), threads over
+// (batch, head, query tile).
+#pragma once
+
+#include "common/problem.h"
+
+namespace sdpa::detail {
+
+void cpu_forward(const Problem& problem);
+
+// Name of the kernel cpu_forward() runs on this machine (for `sdpa info`).
+const char* cpu_kernel_name();
+
+}  // namespace sdpa::detail

@@ -1,0 +1,211 @@
+// Every bad input of DESIGN.md §1 is rejected with an error naming the argument, the
+// expected and the actual value, and nothing is written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "testing/helpers.h"
+
+namespace sdpa::testing {
+namespace {
+
+constexpr double kSentinel = 7.0;
+
+struct Call {
+  Tensor q, k, v, out, weights, lse;
+  Options options;
+  ForwardOutputs outputs() const { return {out.view(), weights.view(), lse.view()}; }
+};
+
+Call valid_call() {
+  std::mt19937_64 rng(1);
+  Call c;
+  c.q = random_tensor(DType::float32, {2, 4, 5, 8}, rng);
+  c.k = random_tensor(DType::float32, {2, 2, 6, 8}, rng);
+  c.v = random_tensor(DType::float32, {2, 2, 6, 3}, rng);
+  c.out = Tensor(DType::float32, {2, 4, 5, 3});
+  c.weights = Tensor(DType::float32, {2, 4, 5, 6});
+  c.lse = Tensor(DType::float32, {2, 4, 5});
+  for (Tensor* t : {&c.out, &c.weights, &c.lse})
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, kSentinel);
+  return c;
+}
+
+bool untouched(const Tensor& t) {
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if (t.get(i) != kSentinel) return false;
+  return true;
+}
+
+// Calls forward with `c`, expects sdpa::Error naming `argument` with every fragment of
+// `says` in its message, and checks that no output element changed.
+void expect_rejected(const Call& c, const std::string& argument, std::initializer_list<const char*> says,
+                     const ForwardOutputs* outputs = nullptr, ErrorKind kind = ErrorKind::value) {
+  try {
+    forward(c.q.view(), c.k.view(), c.v.view(), outputs ? *outputs : c.outputs(), c.options);
+    ADD_FAILURE() << "accepted; expected an error naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    const std::string message = e.what();
+    EXPECT_EQ(message.rfind(argument + ": ", 0), 0u) << message;
+    for (const char* fragment : says) EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  }
+  EXPECT_TRUE(untouched(c.out) && untouched(c.weights) && untouched(c.lse)) << "an output was written";
+}
+
+TEST(Validation, ValidCallIsAccepted) {
+  Call c = valid_call();
+  forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options);
+  EXPECT_FALSE(untouched(c.out));
+}
+
+TEST(Validation, RankMismatch) {
+  Call c = valid_call();
+  c.k = Tensor(DType::float32, {2, 6, 8});
+  expect_rejected(c, "key", {"expected rank 4", "(2, 6, 8)"});
+  c = valid_call();
+  c.q = Tensor(DType::float32, {8});
+  expect_rejected(c, "query", {"rank >= 2", "(8,)"});
+}
+
+TEST(Validation, ShapeMismatches) {
+  Call c = valid_call();
+  c.k = Tensor(DType::float32, {2, 2, 6, 7});
+  expect_rejected(c, "key", {"E = 8", "got 7"});
+  c = valid_call();
+  c.v = Tensor(DType::float32, {2, 2, 5, 3});
+  expect_rejected(c, "value", {"S = 6", "got 5"});
+  c = valid_call();
+  c.k = Tensor(DType::float32, {3, 2, 6, 8});
+  expect_rejected(c, "key", {"batch dims (2,)", "got (3,)"});
+  c = valid_call();
+  c.v = Tensor(DType::float32, {2, 1, 6, 3});
+  expect_rejected(c, "value", {"2 heads", "got 1"});
+}
+
+TEST(Validation, HeadCountsForGqa) {
+  Call c = valid_call();
+  c.k = Tensor(DType::float32, {2, 3, 6, 8});
+  c.v = Tensor(DType::float32, {2, 3, 6, 3});
+  expect_rejected(c, "key", {"dividing the query's 4", "got 3"});
+  c.k = Tensor(DType::float32, {2, 0, 6, 8});  // Hkv = 0: an error, never a division by zero
+  c.v = Tensor(DType::float32, {2, 0, 6, 3});
+  expect_rejected(c, "key", {"at least one head"});
+}
+
+TEST(Validation, DtypeMismatches) {
+  Call c = valid_call();
+  c.k = convert(c.k, DType::float64);
+  expect_rejected(c, "key", {"float32", "got float64"}, nullptr, ErrorKind::type);
+  c = valid_call();
+  c.q = convert(c.q, DType::boolean);
+  expect_rejected(c, "query", {"got bool"}, nullptr, ErrorKind::type);
+  c = valid_call();
+  Tensor out64(DType::float64, {2, 4, 5, 3});
+  const ForwardOutputs outputs{out64.view(), std::nullopt, std::nullopt};
+  expect_rejected(c, "output", {"float32", "got float64"}, &outputs, ErrorKind::type);
+}
+
+TEST(Validation, MaskThatDoesNotBroadcast) {
+  Call c = valid_call();
+  Tensor mask(DType::boolean, {5, 5});
+  c.options.mask = mask.view();
+  expect_rejected(c, "mask", {"broadcastable to (2, 4, 5, 6)", "got (5, 5)"});
+  Tensor too_many(DType::boolean, {1, 2, 4, 5, 6});
+  c.options.mask = too_many.view();
+  expect_rejected(c, "mask", {"at most 4 dims"});
+}
+
+TEST(Validation, DropoutOutsideUnitInterval) {
+  for (double p : {-0.1, 1.0, 1.5, std::nan("")}) {
+    Call c = valid_call();
+    c.options.dropout_p = p;
+    expect_rejected(c, "options.dropout_p", {"[0, 1)"});
+  }
+}
+
+TEST(Validation, NonFiniteScale) {
+  for (double s : {std::numeric_limits<double>::infinity(), std::nan("")}) {
+    Call c = valid_call();
+    c.options.scale = s;
+    expect_rejected(c, "options.scale", {"finite"});
+  }
+}
+
+TEST(Validation, NullData) {
+  Call c = valid_call();
+  TensorView null_key = c.k.view();
+  null_key.data = nullptr;
+  try {
+    forward(c.q.view(), null_key, c.v.view(), c.outputs(), c.options);
+    ADD_FAILURE() << "accepted a null key";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "key");
+    EXPECT_NE(std::string(e.what()).find("null"), std::string::npos);
+  }
+  EXPECT_TRUE(untouched(c.out));
+}
+
+TEST(Validation, SizesWhoseProductOverflows) {
+  Call c = valid_call();
+  TensorView huge = c.q.view();
+  huge.shape = {std::int64_t{1} << 40, std::int64_t{1} << 40, 5, 8};
+  try {
+    forward(huge, c.k.view(), c.v.view(), c.outputs(), c.options);
+    ADD_FAILURE() << "accepted an overflowing shape";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "query");
+    EXPECT_NE(std::string(e.what()).find("overflow"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(untouched(c.out));
+}
+
+TEST(Validation, WrongOutputShapes) {
+  Call c = valid_call();
+  Tensor wrong(DType::float32, {2, 4, 5, 8});
+  ForwardOutputs outputs = c.outputs();
+  outputs.output = wrong.view();
+  expect_rejected(c, "output", {"expected shape (2, 4, 5, 3)", "got (2, 4, 5, 8)"}, &outputs);
+  outputs = c.outputs();
+  outputs.weights = wrong.view();
+  expect_rejected(c, "weights", {"expected shape (2, 4, 5, 6)"}, &outputs);
+  Tensor lse64(DType::float64, {2, 4, 5});
+  outputs = c.outputs();
+  outputs.lse = lse64.view();
+  expect_rejected(c, "lse", {"float32", "got float64"}, &outputs, ErrorKind::type);
+}
+
+TEST(Validation, OverlappingOutputs) {
+  Call c = valid_call();
+  ForwardOutputs outputs = c.outputs();
+  outputs.output.strides = {0, 0, 3, 1};  // every (batch, head) writes the same rows
+  expect_rejected(c, "output", {"do not overlap"}, &outputs);
+  outputs = c.outputs();
+  outputs.output.data = c.q.data();  // output on top of the query
+  expect_rejected(c, "output", {"apart from the inputs"}, &outputs);
+  outputs = c.outputs();
+  TensorView lse_on_weights = c.weights.view();
+  lse_on_weights.shape = {2, 4, 5};
+  lse_on_weights.strides = {};
+  outputs.lse = lse_on_weights;
+  expect_rejected(c, "lse", {"apart from the other outputs"}, &outputs);
+}
+
+TEST(Validation, StridesMustMatchRank) {
+  Call c = valid_call();
+  TensorView q = c.q.view();
+  q.strides = {1, 1};
+  try {
+    forward(q, c.k.view(), c.v.view(), c.outputs(), c.options);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "query");
+  }
+  EXPECT_TRUE(untouched(c.out));
+}
+
+}  // namespace
+}  // namespace sdpa::testing

@@ -1,0 +1,405 @@
+// The CPU forward against the float64 oracle on the hostile grid of DESIGN.md §4:
+// awkward lengths, head dims, GQA ratios, every mask broadcast shape, both causal
+// alignments, fully masked rows, −inf bands, large logits, NaN, strided inputs, every
+// dtype. Each case also checks that asking for weights leaves the output bit-identical.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "testing/helpers.h"
+
+namespace sdpa::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Case {
+  DType dtype = DType::float32;
+  Shape batch = {2};
+  std::int64_t heads_q = 2, heads_kv = 2, L = 17, S = 17, E = 8, Ev = 8;
+  enum class Mask { none, boolean, additive } mask = Mask::none;
+  Shape mask_shape;  // empty: full (batch..., Hq, L, S)
+  Causal causal = Causal::none;
+  std::optional<double> scale;
+  double dropout_p = 0;
+  bool interleaved = false;  // (B, L, H, E) buffers viewed as (B, H, L, E)
+
+  std::string name() const {
+    std::ostringstream out;
+    out << dtype_name(dtype) << " Hq=" << heads_q << " Hkv=" << heads_kv << " L=" << L << " S=" << S << " E=" << E
+        << " Ev=" << Ev << " mask=" << static_cast<int>(mask) << " mask_rank=" << mask_shape.size()
+        << " causal=" << static_cast<int>(causal) << " dropout=" << dropout_p << " interleaved=" << interleaved;
+    return out.str();
+  }
+};
+
+Shape shape_of(const Shape& batch, std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.insert(s.end(), {heads, rows, cols});
+  return s;
+}
+
+struct Inputs {
+  Tensor q, k, v, mask;
+  StridedCopy qs, ks, vs;
+  Options options;
+  TensorView qv() const { return qs.storage.nbytes() ? qs.view : q.view(); }
+  TensorView kv() const { return ks.storage.nbytes() ? ks.view : k.view(); }
+  TensorView vv() const { return vs.storage.nbytes() ? vs.view : v.view(); }
+};
+
+Inputs make_inputs(const Case& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  in.q = random_tensor(c.dtype, shape_of(c.batch, c.heads_q, c.L, c.E), rng);
+  in.k = random_tensor(c.dtype, shape_of(c.batch, c.heads_kv, c.S, c.E), rng);
+  in.v = random_tensor(c.dtype, shape_of(c.batch, c.heads_kv, c.S, c.Ev), rng);
+  if (c.interleaved) {
+    in.qs = heads_interleaved(in.q);
+    in.ks = heads_interleaved(in.k);
+    in.vs = heads_interleaved(in.v);
+  }
+  const Shape mask_shape = c.mask_shape.empty() ? shape_of(c.batch, c.heads_q, c.L, c.S) : c.mask_shape;
+  if (c.mask == Case::Mask::boolean) in.mask = random_bool(mask_shape, rng, 0.7);
+  if (c.mask == Case::Mask::additive) {
+    in.mask = random_tensor(c.dtype, mask_shape, rng, 2.0);
+    std::bernoulli_distribution banned(0.2);  // −inf entries remove positions
+    for (std::int64_t i = 0; i < in.mask.numel(); ++i)
+      if (banned(rng)) in.mask.set(i, -kInf);
+  }
+  if (c.mask != Case::Mask::none) in.options.mask = in.mask.view();
+  in.options.causal = c.causal;
+  in.options.scale = c.scale;
+  in.options.dropout_p = c.dropout_p;
+  in.options.seed = seed;
+  return in;
+}
+
+void expect_agrees(const Case& c, std::uint64_t seed = 1) {
+  SCOPED_TRACE(c.name());
+  const Inputs in = make_inputs(c, seed);
+  const Agreement a = compare_with_oracle(in.qv(), in.kv(), in.vv(), in.options);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+TEST(CpuForward, AwkwardLengthsAndHeadDimsMatchOracle) {
+  const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
+  const std::int64_t dims[] = {1, 8, 40, 64, 80, 96, 111, 128, 256};
+  int n = 0;
+  for (std::int64_t L : lengths)
+    for (std::int64_t S : lengths)
+      for (std::int64_t E : dims) {
+        if ((n++ % 3) != 0) continue;  // a third of the grid, every value of each axis covered
+        Case c;
+        c.batch = {1};
+        c.heads_q = c.heads_kv = 1;
+        c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
+        expect_agrees(c, n);
+      }
+}
+
+TEST(CpuForward, LongSequenceBothWays) {
+  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{1023, 129}, {17, 1023}, {1023, 1023}}) {
+    Case c;
+    c.batch = {1};
+    c.heads_q = c.heads_kv = 1;
+    c.L = L, c.S = S, c.E = 64, c.Ev = 40;
+    expect_agrees(c);
+    c.causal = Causal::bottom_right;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuForward, GqaRatiosMatchOracle) {
+  for (std::int64_t ratio : {1, 2, 5, 27})
+    for (std::int64_t heads_kv : {1, 2}) {
+      Case c;
+      c.heads_kv = heads_kv;
+      c.heads_q = heads_kv * ratio;
+      c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
+      c.mask = Case::Mask::boolean;
+      expect_agrees(c, ratio * 10 + heads_kv);
+    }
+}
+
+TEST(CpuForward, EveryMaskBroadcastShapeBoolAndFloat) {
+  // Q (B=2, Hq=3, L=5, E), K/V (2, 3, S=7, ·): masks broadcast to (2, 3, 5, 7).
+  const Shape shapes[] = {{7}, {1}, {5, 7}, {5, 1}, {1, 7}, {3, 1, 7}, {3, 5, 7}, {1, 5, 7},
+                          {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
+  for (const Shape& shape : shapes)
+    for (auto kind : {Case::Mask::boolean, Case::Mask::additive}) {
+      Case c;
+      c.heads_q = c.heads_kv = 3;
+      c.L = 5, c.S = 7;
+      c.mask = kind;
+      c.mask_shape = shape;
+      expect_agrees(c);
+    }
+}
+
+TEST(CpuForward, CausalAlignmentsWithAndWithoutMask) {
+  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{17, 17}, {5, 70}, {70, 5}, {1, 129}, {129, 1}})
+    for (Causal causal : {Causal::top_left, Causal::bottom_right})
+      for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
+        Case c;
+        c.L = L, c.S = S, c.causal = causal, c.mask = mask;
+        expect_agrees(c);
+      }
+}
+
+TEST(CpuForward, EveryDtypeMatchesOracleByTheToleranceRule) {
+  for (DType dtype : {DType::float64, DType::float32, DType::bfloat16, DType::float16})
+    for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive})
+      for (Causal causal : {Causal::none, Causal::top_left}) {
+        Case c;
+        c.dtype = dtype;
+        c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
+        c.mask = mask, c.causal = causal;
+        expect_agrees(c);
+      }
+}
+
+TEST(CpuForward, InterleavedStridedInputs) {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    Case c;
+    c.dtype = dtype;
+    c.interleaved = true;
+    c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
+    c.causal = Causal::top_left;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuForward, ScaleNegativeZeroAndLarge) {
+  for (double scale : {-0.7, 0.0, 3.0}) {
+    Case c;
+    c.scale = scale;
+    c.mask = Case::Mask::additive;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuForward, DropoutMatchesOracleMaskExactly) {
+  for (double p : {0.1, 0.5, 0.9})
+    for (DType dtype : {DType::float32, DType::float64}) {
+      Case c;
+      c.dtype = dtype;
+      c.dropout_p = p;
+      c.L = 70, c.S = 131;
+      c.causal = Causal::bottom_right;
+      expect_agrees(c, static_cast<std::uint64_t>(p * 100));
+    }
+}
+
+TEST(CpuForward, RankThreeAndRankFiveInputs) {
+  // Rank 3 (batch, seq, dim), as in the seeds: dim −3 plays the part of the heads.
+  std::mt19937_64 rng(3);
+  const Tensor q = random_tensor(DType::float32, {2, 4, 8}, rng), k = random_tensor(DType::float32, {2, 6, 8}, rng),
+               v = random_tensor(DType::float32, {2, 6, 16}, rng);
+  EXPECT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), {}).ok());
+  // Two batch dims.
+  Case c;
+  c.batch = {2, 3};
+  c.heads_q = 4, c.heads_kv = 2;
+  c.mask = Case::Mask::boolean;
+  c.mask_shape = {3, 1, 1, 17};
+  expect_agrees(c);
+}
+
+// A bool mask with some rows all false, a float mask with −inf rows, and bottom-right
+// causal with L > S (its first L − S queries see no key): output 0, lse −inf, weights 0,
+// never NaN (PyTorch >= 2.5, FlashAttention).
+TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfNeverNaN) {
+  std::mt19937_64 rng(5);
+  const Tensor q = random_tensor(DType::float32, {1, 2, 6, 8}, rng), k = random_tensor(DType::float32, {1, 2, 4, 8}, rng),
+               v = random_tensor(DType::float32, {1, 2, 4, 8}, rng);
+  Tensor bool_mask = random_bool({6, 4}, rng, 0.8);
+  Tensor float_mask = random_tensor(DType::float32, {6, 4}, rng);
+  for (std::int64_t j = 0; j < 4; ++j) {
+    bool_mask.set(2 * 4 + j, 0);
+    float_mask.set(2 * 4 + j, -kInf);
+  }
+  for (const Tensor* mask : {&bool_mask, &float_mask}) {
+    Options options;
+    options.mask = mask->view();
+    EXPECT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), options).ok());
+    const ForwardResult r = forward(q.view(), k.view(), v.view(), options, Returns{true, true});
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(r.lse.at({0, h, 2}), -kInf);
+      for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.output.at({0, h, 2, e}), 0.0);
+      for (std::int64_t j = 0; j < 4; ++j) EXPECT_EQ(r.weights.at({0, h, 2, j}), 0.0);
+    }
+  }
+  Options causal;
+  causal.causal = Causal::bottom_right;
+  const ForwardResult r = forward(q.view(), k.view(), v.view(), causal, Returns{true, true});
+  for (std::int64_t i = 0; i < 2; ++i) {  // queries 0, 1 see keys j <= i − 2: none
+    EXPECT_EQ(r.lse.at({0, 0, i}), -kInf);
+    for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.output.at({0, 0, i, e}), 0.0);
+  }
+  for (std::int64_t i = 0; i < r.output.numel(); ++i) EXPECT_FALSE(std::isnan(r.output.get(i)));
+}
+
+// A float mask of −1e9 everywhere is not "fully masked": the formula gives the uniform
+// softmax (seeds 001, 004 mask with −1e9).
+TEST(CpuForward, MinusOneBillionMaskGivesUniformWeights) {
+  std::mt19937_64 rng(6);
+  const Tensor q = random_tensor(DType::float32, {1, 3, 8}, rng), k = random_tensor(DType::float32, {1, 5, 8}, rng),
+               v = random_tensor(DType::float32, {1, 5, 8}, rng);
+  Tensor mask(DType::float32, {3, 5});
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.set(i, -1e9);
+  Options options;
+  options.mask = mask.view();
+  const ForwardResult r = forward(q.view(), k.view(), v.view(), options, Returns{true, false});
+  for (std::int64_t i = 0; i < r.weights.numel(); ++i) EXPECT_NEAR(r.weights.get(i), 0.2, 1e-6);
+}
+
+// −inf bands: whole columns of keys removed for every query.
+TEST(CpuForward, MinusInfColumnBands) {
+  std::mt19937_64 rng(7);
+  Tensor mask(DType::float32, {1, 200});
+  for (std::int64_t j = 0; j < 200; ++j) mask.set(j, (j / 10) % 3 == 0 ? -kInf : 0.0);
+  const Tensor q = random_tensor(DType::float32, {1, 1, 40, 32}, rng),
+               k = random_tensor(DType::float32, {1, 1, 200, 32}, rng),
+               v = random_tensor(DType::float32, {1, 1, 200, 32}, rng);
+  Options options;
+  options.mask = mask.view();
+  const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+// Scores around 1e4: the softmax must not overflow. A float32 dot product carries an
+// error of at most γ_E·Σ|q_e k_e| (Higham, Accuracy and Stability, §3.1), which moves
+// each weight by a factor of at most exp(±2δ): that, not 1e-5, bounds any float32
+// implementation here.
+TEST(CpuForward, LargeLogitsStayFiniteWithinTheConditioningBound) {
+  std::mt19937_64 rng(8);
+  const std::int64_t E = 64;
+  Tensor q = random_tensor(DType::float32, {1, 1, 20, E}, rng, 40.0);
+  Tensor k = random_tensor(DType::float32, {1, 1, 30, E}, rng, 40.0);
+  const Tensor v = random_tensor(DType::float32, {1, 1, 30, E}, rng);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  double delta = 0;
+  for (std::int64_t i = 0; i < 20; ++i)
+    for (std::int64_t j = 0; j < 30; ++j) {
+      double magnitude = 0;
+      for (std::int64_t e = 0; e < E; ++e) magnitude += std::abs(q.get(i * E + e) * k.get(j * E + e));
+      const double gamma = E * std::ldexp(1.0, -24) / (1 - E * std::ldexp(1.0, -24));
+      delta = std::max(delta, (gamma * magnitude + std::ldexp(1.0, -24) * magnitude) * scale);
+    }
+  const ForwardResult fast = forward(q.view(), k.view(), v.view());
+  const Tensor q64 = to_float64(q.view()), k64 = to_float64(k.view()), v64 = to_float64(v.view());
+  Options reference;
+  reference.backend = Backend::reference;
+  const ForwardResult oracle = forward(q64.view(), k64.view(), v64.view(), reference);
+  EXPECT_GT(max_abs(oracle.output), 0.1);
+  for (std::int64_t i = 0; i < fast.output.numel(); ++i) EXPECT_TRUE(std::isfinite(fast.output.get(i)));
+  const double tolerance = (std::exp(2 * delta) - 1) * 2 * max_abs(v64) + 1e-5;
+  EXPECT_LE(max_abs_diff(to_float64(fast.output.view()), oracle.output), tolerance);
+
+  // float16 inputs of magnitude 256: q·k ~ 256² · E overflows float16 but not the
+  // float32 accumulator.
+  Tensor q16(DType::float16, {1, 1, 4, E}), k16(DType::float16, {1, 1, 4, E});
+  for (std::int64_t i = 0; i < q16.numel(); ++i) q16.set(i, (i % 3 == 0) ? 256.0 : -256.0);
+  for (std::int64_t i = 0; i < k16.numel(); ++i) k16.set(i, ((i / E) % 2 == 0) ? 256.0 : -256.0);
+  const Tensor v16 = convert(random_tensor(DType::float32, {1, 1, 4, E}, rng), DType::float16);
+  const Agreement a = compare_with_oracle(q16.view(), k16.view(), v16.view(), {});
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+// NaN in an unmasked input reaches the output (pytorch#141128 turned them into 0).
+TEST(CpuForward, NaNInUnmaskedInputsPropagates) {
+  std::mt19937_64 rng(9);
+  for (int where = 0; where < 3; ++where) {
+    Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng), k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
+           v = random_tensor(DType::float32, {1, 1, 90, 16}, rng);
+    (where == 0 ? q : where == 1 ? k : v).set(5 * 16 + 3, std::numeric_limits<double>::quiet_NaN());
+    Options options;
+    options.causal = Causal::top_left;
+    const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+    EXPECT_TRUE(a.ok()) << "NaN in input " << where << ": " << a.describe();
+    const ForwardResult r = forward(q.view(), k.view(), v.view(), options);
+    EXPECT_TRUE(std::isnan(r.output.at({0, 0, where == 0 ? 5 : 69, where == 2 ? 3 : 0})));
+    EXPECT_FALSE(std::isnan(r.output.at({0, 0, 0, 0})));  // query 0 sees key 0 only
+  }
+}
+
+// A stride-0 (expanded) key and value: every batch entry reads the same memory
+// (pytorch#191937 returned wrong answers for such views).
+TEST(CpuForward, StrideZeroBroadcastInputs) {
+  std::mt19937_64 rng(10);
+  const Tensor q = random_tensor(DType::float32, {3, 2, 9, 8}, rng);
+  const Tensor k1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng), v1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng);
+  TensorView k = k1.view(), v = v1.view();
+  k.shape[0] = v.shape[0] = 3;
+  k.strides[0] = v.strides[0] = 0;
+  EXPECT_TRUE(compare_with_oracle(q.view(), k, v, {}).ok());
+}
+
+TEST(CpuForward, EmptyShapesReturnCorrectlyShapedResults) {
+  std::mt19937_64 rng(11);
+  // S = 0: zero output, lse −inf.
+  const Tensor q = random_tensor(DType::float32, {1, 2, 3, 4}, rng);
+  const Tensor k(DType::float32, {1, 2, 0, 4}), v(DType::float32, {1, 2, 0, 5});
+  const ForwardResult r = forward(q.view(), k.view(), v.view(), {}, Returns{true, true});
+  EXPECT_EQ(r.output.shape(), (Shape{1, 2, 3, 5}));
+  EXPECT_EQ(r.weights.shape(), (Shape{1, 2, 3, 0}));
+  for (std::int64_t i = 0; i < r.output.numel(); ++i) EXPECT_EQ(r.output.get(i), 0.0);
+  for (std::int64_t i = 0; i < r.lse.numel(); ++i) EXPECT_EQ(r.lse.get(i), -kInf);
+  // L = 0 and batch 0.
+  for (const Shape& qs : {Shape{1, 2, 0, 4}, Shape{0, 2, 3, 4}}) {
+    const Tensor q0(DType::float32, qs);
+    const Tensor k0(DType::float32, {qs[0], 2, 6, 4}), v0(DType::float32, {qs[0], 2, 6, 5});
+    const ForwardResult e = forward(q0.view(), k0.view(), v0.view(), {}, Returns{true, true});
+    EXPECT_EQ(e.output.shape(), (Shape{qs[0], 2, qs[2], 5}));
+    EXPECT_EQ(e.output.numel(), 0);
+  }
+}
+
+// Same inputs and options: bitwise the same output and weights with 1 and 2 threads.
+TEST(CpuForward, BitwiseDeterministicAcrossThreadCounts) {
+  Case c;
+  c.heads_q = 4, c.heads_kv = 2, c.L = 130, c.S = 257, c.E = 40, c.Ev = 24;
+  c.mask = Case::Mask::additive;
+  c.causal = Causal::bottom_right;
+  c.dropout_p = 0.3;
+  Inputs in = make_inputs(c, 12);
+  std::vector<ForwardResult> results;
+  for (int threads : {1, 2, 3}) {
+    in.options.num_threads = threads;
+    results.push_back(forward(in.qv(), in.kv(), in.vv(), in.options, Returns{true, true}));
+  }
+  for (std::size_t r = 1; r < results.size(); ++r) {
+    EXPECT_EQ(std::memcmp(results[0].output.data(), results[r].output.data(), results[0].output.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(results[0].weights.data(), results[r].weights.data(), results[0].weights.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(results[0].lse.data(), results[r].lse.data(), results[0].lse.nbytes()), 0);
+  }
+}
+
+// 64-bit offsets: key and value rows 2^32 elements apart in a sparse mapping. A 32-bit
+// offset would wrap and read the wrong rows.
+TEST(CpuForward, SixtyFourBitOffsets) {
+  const std::int64_t row_stride = (std::int64_t{1} << 32) + 16;
+  const std::size_t bytes = static_cast<std::size_t>(row_stride * 2 + 64) * sizeof(float);
+  void* region = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region == MAP_FAILED) GTEST_SKIP() << "cannot map 32 GiB of address space here";
+  float* base = static_cast<float*>(region);
+  const std::int64_t E = 4;
+  for (std::int64_t row = 0; row < 3; ++row)
+    for (std::int64_t e = 0; e < E; ++e) base[row * row_stride + e] = static_cast<float>(row + 1) * (e + 1) * 0.1f;
+  TensorView k{base, DType::float32, {1, 1, 3, E}, {0, 0, row_stride, 1}};
+  Tensor q(DType::float32, {1, 1, 2, E});
+  for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 0.3 * (i % 5));
+  const Agreement a = compare_with_oracle(q.view(), k, k, {});
+  EXPECT_TRUE(a.ok()) << a.describe();
+  munmap(region, bytes);
+}
+
+}  // namespace
+}  // namespace sdpa::testing
