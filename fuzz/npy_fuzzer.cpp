@@ -9,6 +9,11 @@
 #include "sdpa/error.h"
 #include "sdpa/tensor.h"
 
+namespace {
+// Keeps the element reads below from being optimised away.
+volatile double sink;
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const sdpa::Tensor tensor = sdpa::io::parse_npy(data, size, "fuzz.npy");
@@ -20,7 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // or an uninitialised read would surface.
     double sum = 0;
     for (std::int64_t i = 0; i < tensor.numel(); ++i) sum += tensor.get(i);
-    static volatile double sink;
     sink = sum;
   } catch (const sdpa::Error&) {
     // Rejecting a malformed file is the expected outcome.

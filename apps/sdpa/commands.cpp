@@ -84,6 +84,25 @@ int report_error(const std::string& message) {
   return kExitBadInput;
 }
 
+// The library names the C++ argument at fault ("options.dropout_p", "key"); a CLI user
+// typed a flag and a file, so the message names those instead. Errors from the .npy
+// reader already name the file and pass through unchanged.
+std::string cli_message(const Error& error, const RunArgs& args) {
+  const std::string& argument = error.argument();
+  const std::string what = error.what();
+  const std::string detail = what.size() > argument.size() + 2 ? what.substr(argument.size() + 2) : what;
+  const auto file = [](const char* flag, const std::string& path) { return std::string(flag) + " " + path; };
+  std::string label;
+  if (argument == "query") label = file("--query", args.query);
+  if (argument == "key") label = file("--key", args.key);
+  if (argument == "value") label = file("--value", args.value);
+  if (argument == "mask" && args.mask) label = file("--mask", *args.mask);
+  if (argument == "options.dropout_p") label = "--dropout";
+  if (argument == "options.scale") label = "--scale";
+  if (argument == "options.num_threads") label = "--threads";
+  return label.empty() ? what : label + ": " + detail;
+}
+
 }  // namespace
 
 int run_command(const RunArgs& args) {
@@ -108,7 +127,7 @@ int run_command(const RunArgs& args) {
     write_all(files);
     return kExitOk;
   } catch (const Error& e) {
-    return report_error(e.what());
+    return report_error(cli_message(e, args));
   } catch (const std::bad_alloc&) {
     return report_error("not enough memory for these shapes");
   } catch (const std::exception& e) {

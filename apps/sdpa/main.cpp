@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
   CLI::App app{"sdpa: exact scaled dot-product attention, softmax(Q K^T * scale + mask) V", "sdpa"};
   app.set_version_flag("--version", std::string("sdpa ") + sdpa::version());
   app.require_subcommand(1);
+  // Usage errors read like every other error of the tool.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("sdpa: error: ") + e.what() + "\nRun with --help for more information.\n";
+  });
 
   RunFlags run_flags;
   CheckArgs check_args;
