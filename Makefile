@@ -35,7 +35,7 @@ test-sanitize: setup
 
 test-fuzz: setup
 	cmake --preset fuzz > /dev/null
-	cmake --build --preset fuzz -j $(JOBS)
+	cmake --build --preset fuzz -j $(JOBS) --target npy_fuzzer
 	fuzz/run.sh build/fuzz $(FUZZ_SECONDS)
 
 clean:

@@ -205,7 +205,8 @@ std::string describe(const CaseConfig& c) {
         << (c.fully_masked_row ? "[masked-row]" : "");
   if (c.causal != Causal::none) out << (c.causal == Causal::top_left ? " causal=top-left" : " causal=bottom-right");
   if (c.scale) out << " scale=" << *c.scale;
-  if (c.dropout_p > 0.0) out << " dropout=" << c.dropout_p << " seed=" << c.dropout_seed << " offset=" << c.dropout_offset;
+  if (c.dropout_p > 0.0)
+    out << " dropout=" << c.dropout_p << " seed=" << c.dropout_seed << " offset=" << c.dropout_offset;
   if (c.strided) out << " strided(pad=" << c.pad << ")";
   if (c.want_weights) out << " +weights";
   if (c.want_lse) out << " +lse";
@@ -244,7 +245,7 @@ struct Input {
 // A (…, rows, cols) input. Strided: the buffer is laid out (B, L, H, E + pad) — the
 // layout a fused QKV projection produces — and viewed as (B, H, L, E) through strides.
 Input make_input(Random& rng, const CaseConfig& c, const Shape& shape) {
-  const std::vector<std::size_t> order = !c.strided ? std::vector<std::size_t>{0, 1, 2, 3}
+  const std::vector<std::size_t> order = !c.strided    ? std::vector<std::size_t>{0, 1, 2, 3}
                                          : c.rank == 4 ? std::vector<std::size_t>{0, 2, 1, 3}
                                                        : std::vector<std::size_t>{1, 0, 2};
   Shape storage_shape;
@@ -312,11 +313,16 @@ Mask make_mask(Random& rng, const CaseConfig& c) {
 // 2 × 8u × max(1, max|out|) — a fixed bound instead of running a second, naive kernel.
 double tolerance(DType dtype) {
   switch (dtype) {
-    case DType::float64: return 1e-10;
-    case DType::float32: return 1e-5;
-    case DType::bfloat16: return 2.0 * 8.0 * 0x1p-8;   // u = 2^-8
-    case DType::float16: return 2.0 * 8.0 * 0x1p-11;  // u = 2^-11
-    case DType::boolean: break;
+    case DType::float64:
+      return 1e-10;
+    case DType::float32:
+      return 1e-5;
+    case DType::bfloat16:
+      return 2.0 * 8.0 * 0x1p-8;  // u = 2^-8
+    case DType::float16:
+      return 2.0 * 8.0 * 0x1p-11;  // u = 2^-11
+    case DType::boolean:
+      break;
   }
   return 0.0;
 }
@@ -369,9 +375,9 @@ CaseResult run_case(Random& rng, const CaseConfig& c) {
     if (c.mask_kind != MaskKind::none) mask = make_mask(rng, c);
     const Returns returns{c.want_weights, c.want_lse};
 
-    const ForwardResult got = forward(q.view, k.view, v.view,
-                                      make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt),
-                                      returns);
+    const ForwardResult got =
+        forward(q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt),
+                returns);
     const ForwardResult want =
         forward(q.oracle.view(), k.oracle.view(), v.oracle.view(),
                 make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt), returns);
@@ -386,8 +392,8 @@ CaseResult run_case(Random& rng, const CaseConfig& c) {
     result.output_error = relative_error(got.output, rounded(want.output, c.dtype));
     result.worst_ratio = result.output_error / tolerance(c.dtype);
     if (c.want_weights)
-      result.worst_ratio =
-          std::max(result.worst_ratio, relative_error(got.weights, rounded(want.weights, c.dtype)) / tolerance(c.dtype));
+      result.worst_ratio = std::max(result.worst_ratio,
+                                    relative_error(got.weights, rounded(want.weights, c.dtype)) / tolerance(c.dtype));
     if (c.want_lse) {
       const DType lse_dtype = got.lse.dtype();
       result.worst_ratio = std::max(result.worst_ratio, relative_error(got.lse, want.lse) / tolerance(lse_dtype));
@@ -416,10 +422,9 @@ struct GroupKey {
 };
 
 int feature_rank(const std::string& feature) {
-  static const char* order[] = {"all",        "plain",        "rank3",      "gqa",       "ev!=e",
-                                "empty",      "bool-mask",    "float-mask", "stride0-mask",
-                                "masked-row", "causal-tl",    "causal-br",  "scale",     "dropout",
-                                "strided"};
+  static const char* order[] = {"all",       "plain",     "rank3",      "gqa",          "ev!=e",
+                                "empty",     "bool-mask", "float-mask", "stride0-mask", "masked-row",
+                                "causal-tl", "causal-br", "scale",      "dropout",      "strided"};
   for (int i = 0; i < static_cast<int>(std::size(order)); ++i)
     if (feature == order[i]) return i;
   return static_cast<int>(std::size(order));
@@ -459,8 +464,8 @@ int check_command(const CheckArgs& args) {
     if (!result.passed()) ++failures;
     if (args.verbose || !result.passed()) {
       std::printf("case %d: %s: output err %.3e, worst err/tol %.3g%s%s  %s\n", i, describe(config).c_str(),
-                  result.output_error, result.worst_ratio, result.failure.empty() ? "" : ", error: ",
-                  result.failure.c_str(), result.passed() ? "ok" : "FAIL");
+                  result.output_error, result.worst_ratio,
+                  result.failure.empty() ? "" : ", error: ", result.failure.c_str(), result.passed() ? "ok" : "FAIL");
     }
   }
   print_table(groups);

@@ -118,8 +118,8 @@ int run_command(const RunArgs& args) {
     }
     const Options options = make_options(args, mask ? &*mask : nullptr);
     // Everything is computed before the first file is written: an error leaves nothing.
-    const ForwardResult result =
-        forward(query.view(), key.view(), value.view(), options, Returns{args.weights.has_value(), args.lse.has_value()});
+    const ForwardResult result = forward(query.view(), key.view(), value.view(), options,
+                                         Returns{args.weights.has_value(), args.lse.has_value()});
 
     std::vector<std::pair<std::string, const Tensor*>> files{{args.out, &result.output}};
     if (args.weights) files.emplace_back(*args.weights, &result.weights);

@@ -1,7 +1,6 @@
 // sdpa: the command-line front end. Parses arguments with CLI11 and dispatches to the
 // commands in commands.cpp; every computation goes through the public API.
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 #include "commands.h"
@@ -39,7 +38,8 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   run->add_option("--query,-q", a.query, "Query (..., Hq, L, E), float16/32/64 .npy")->required();
   run->add_option("--key,-k", a.key, "Key (..., Hkv, S, E); Hq must be a multiple of Hkv (GQA)")->required();
   run->add_option("--value,-v", a.value, "Value (..., Hkv, S, Ev)")->required();
-  flags.mask_option = run->add_option("--mask,-m", flags.mask, "Mask .npy broadcastable to (..., Hq, L, S), bool or float");
+  flags.mask_option =
+      run->add_option("--mask,-m", flags.mask, "Mask .npy broadcastable to (..., Hq, L, S), bool or float");
   run->add_option("--mask-polarity", a.mask_polarity,
                   "attend: bool true = takes part, float added (PyTorch); ignore: true/nonzero = dropped (seed 001)")
       ->check(CLI::IsMember({"attend", "ignore"}))
@@ -56,7 +56,8 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       ->check(CLI::IsMember({"auto", "cpu", "reference"}))
       ->capture_default_str();
   run->add_option("--out,-o", a.out, "Output .npy (..., Hq, L, Ev), the query's dtype")->required();
-  flags.weights_option = run->add_option("--weights", flags.weights, "Also write the attention weights (..., Hq, L, S)");
+  flags.weights_option =
+      run->add_option("--weights", flags.weights, "Also write the attention weights (..., Hq, L, S)");
   flags.lse_option = run->add_option("--lse", flags.lse, "Also write the row log-sum-exp (..., Hq, L)");
 }
 

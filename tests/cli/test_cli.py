@@ -243,7 +243,8 @@ def check_bad_arguments(rng):
     }
     for name, args in cases.items():
         proc = sdpa("run", *args, "--out", out)
-        report(f"bad_arguments_{name}", proc.returncode == 2 and not os.path.exists(out),
+        report(f"bad_arguments_{name}", proc.returncode == 2 and proc.stderr.startswith("sdpa: error: ")
+               and not os.path.exists(out),
                f"exit {proc.returncode}, stderr {proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else ''!r}")
 
 
