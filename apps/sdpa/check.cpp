@@ -438,7 +438,8 @@ void record(std::map<GroupKey, GroupStats>& groups, const CaseConfig& c, const C
     ++g.cases;
     if (!r.passed()) ++g.failures;
     // std::max would drop a NaN error; keep it visible.
-    if (!(r.output_error <= g.max_error)) g.max_error = r.failure.empty() ? r.output_error : kInf;
+    const double error = r.failure.empty() ? r.output_error : kInf;
+    if (!(error <= g.max_error)) g.max_error = error;
     g.tolerance = tolerance(c.dtype);
   }
 }

@@ -43,4 +43,7 @@ int check_command(const CheckArgs& args);
 // `sdpa info`: what the library found on this machine.
 int info_command();
 
+// `sdpa demo`: seed 004's shapes worked through, CPU path against the oracle.
+int demo_command();
+
 }  // namespace sdpa::cli

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 
+#include "commands.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {

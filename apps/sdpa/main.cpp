@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   add_run_command(app, run_flags);
   add_check_command(app, check_args);
   app.add_subcommand("info", "Print the version, CPU features, chosen kernel and thread count");
+  app.add_subcommand("demo", "Work through seed 004's example: weights and output without and with a causal mask");
 
   try {
     app.parse(argc, argv);
@@ -97,5 +98,6 @@ int main(int argc, char** argv) {
 
   if (app.got_subcommand("run")) return sdpa::cli::run_command(run_flags.resolve());
   if (app.got_subcommand("check")) return sdpa::cli::check_command(check_args);
+  if (app.got_subcommand("demo")) return sdpa::cli::demo_command();
   return sdpa::cli::info_command();
 }

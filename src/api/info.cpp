@@ -24,7 +24,10 @@ RuntimeInfo runtime_info() {
   RuntimeInfo info;
   info.version = version();
   for (const auto& feature : features)
-    if (feature.present) info.cpu_features += (info.cpu_features.empty() ? "" : " ") + std::string(feature.name);
+    if (feature.present) {
+      if (!info.cpu_features.empty()) info.cpu_features += ' ';
+      info.cpu_features += feature.name;
+    }
   info.cpu_kernel = detail::cpu_kernel_name();
   info.max_threads = omp_get_max_threads();
   return info;

@@ -102,13 +102,16 @@ struct Dims {
   Shape batch;
   std::int64_t heads, rows, cols;
 };
+// Rank >= 4 is (batch..., heads, rows, cols); rank 3 is the seeds' (batch, rows, cols)
+// with one head; rank 2 one matrix.
 Dims split(const TensorView& t) {
   const std::size_t r = t.shape.size();
+  const std::size_t matrix_dims = r >= 4 ? 3 : 2;
   Dims d;
   d.cols = t.shape[r - 1];
   d.rows = t.shape[r - 2];
-  d.heads = r >= 3 ? t.shape[r - 3] : 1;
-  d.batch.assign(t.shape.begin(), t.shape.end() - static_cast<std::ptrdiff_t>(std::min<std::size_t>(r, 3)));
+  d.heads = r >= 4 ? t.shape[r - 3] : 1;
+  d.batch.assign(t.shape.begin(), t.shape.end() - static_cast<std::ptrdiff_t>(matrix_dims));
   return d;
 }
 
@@ -123,7 +126,7 @@ Operand make_operand(const TensorView& view, const Shape& batch_shape, std::int6
   const std::size_t r = strides.size();
   op.row_stride = strides[r - 2];
   op.col_stride = strides[r - 1];
-  const std::int64_t head_stride = r >= 3 ? strides[r - 3] : 0;
+  const std::int64_t head_stride = r == nb + 3 ? strides[r - 3] : 0;  // no head dim: one head
   std::int64_t batch = 1;
   for (std::int64_t size : batch_shape) batch *= size;
   op.head_offset.resize(static_cast<std::size_t>(batch * heads));
