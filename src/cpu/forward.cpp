@@ -12,9 +12,11 @@
 #include <cmath>
 #include <limits>
 #include <omp.h>
+#include <string>
 #include <vector>
 
 #include "common/philox.h"
+#include "cpu/attention_simd.h"
 #include "cpu/tile_ops.h"
 
 namespace sdpa::detail {
@@ -190,11 +192,15 @@ void run(const Problem& p) {
 
 void cpu_forward(const Problem& problem) {
   if (problem.float64)
-    run<double>(problem);
+    run<double>(problem);  // float64 accumulates in float64: the portable tiled path
   else
-    run<float>(problem);
+    simd_forward_float32(problem);
 }
 
-const char* cpu_kernel_name() { return "tiled-scalar (online softmax, 32x64 tiles)"; }
+const char* cpu_kernel_name() {
+  static const std::string name = std::string("simd-") + simd_target_name() +
+                                  " (float32/bfloat16/float16), tiled-portable (float64)";
+  return name.c_str();
+}
 
 }  // namespace sdpa::detail

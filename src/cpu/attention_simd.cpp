@@ -1,0 +1,406 @@
+// The fast CPU forward for float32, bfloat16 and float16 inputs (float32 arithmetic):
+// Google Highway, compiled once per x86 target (AVX-512, AVX2, SSE4, scalar) and
+// picked at run time.
+//
+// Layout trick: every tile is held *transposed*, with query rows along the vector lanes.
+//   Sᵀ[c][r] = Σ_e K[c][e] · Qᵀ[e][r]        (QK: broadcast K[c][e], FMA with a Qᵀ row)
+//   Oᵀ[d][r] += Σ_c V[c][d] · Pᵀ[c][r]       (PV: broadcast V[c][d], FMA with a Pᵀ row)
+// so K and V are read in place, row-major, with no packing, and the softmax of a query
+// row — max, exp, sum over keys — runs across registers, lane-wise, with no horizontal
+// reduction. The recurrence per key tile (FlashAttention-2, Dao 2023), in log2 units
+// (Q is pre-multiplied by scale·log2(e), a float mask by log2(e)):
+//   m' = max(m, max_c t_c);  α = 2^(m − m');  p_c = 2^(t_c − m');
+//   l' = α·l + Σ_c p_c;      Oᵀ' = α·Oᵀ + Σ_c V_c ⊗ drop_c·p_c
+// and finally O = Oᵀᵀ / l, lse = m·ln2 + ln l. A row with l = 0 saw no key: output 0,
+// lse −inf. NaN scores propagate through 2^(NaN) into l and the output.
+//
+// GQA: one task takes the query rows of all the heads that share a KV head (group × L
+// rows, flattened), so a K/V tile loaded once serves the whole group — what decoding
+// with few queries per head needs.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/philox.h"
+#include "common/problem.h"
+#include "cpu/attention_simd.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/attention_simd.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Register blocks: (keys × 2 row vectors) accumulators for QK, (value dims × 2) for PV.
+// AVX-512 has 32 vector registers, AVX2 and SSE 16.
+constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
+constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
+constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key blocks
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
+// 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x), f ∈ [−½, ½]; 2^f by its
+// Taylor polynomial of degree 6 (relative error < 1e-7, below float32's 6e-8 ulp·2), 2^n
+// added into the exponent bits. The rounding uses the 1.5·2^23 trick, so no float→int
+// conversion (whose out-of-range behaviour differs between targets) is needed.
+// x < −125 gives exactly 0 (masked scores are −inf); NaN stays NaN.
+HWY_INLINE VF Exp2(DF df, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(df, 12582912.0f);
+  const VF t = hn::Add(x, magic);
+  const VF n = hn::Sub(t, magic);
+  const VF f = hn::Sub(x, n);
+  VF p = hn::Set(df, 1.5403530393381606e-4f);
+  p = hn::MulAdd(p, f, hn::Set(df, 1.3333558146428443e-3f));
+  p = hn::MulAdd(p, f, hn::Set(df, 9.6181291076284772e-3f));
+  p = hn::MulAdd(p, f, hn::Set(df, 5.5504108664821580e-2f));
+  p = hn::MulAdd(p, f, hn::Set(df, 2.4022650695910071e-1f));
+  p = hn::MulAdd(p, f, hn::Set(df, 6.9314718055994531e-1f));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
+  const auto exponent = hn::ShiftLeft<23>(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic)));
+  const VF scaled = hn::BitCast(df, hn::Add(hn::BitCast(di, p), exponent));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -125.0f)), scaled);
+}
+
+// Sᵀ[k][·] = Σ_e K[k][e] · Qᵀ[e][·] for kKeyBlock keys and the tile's 2 row vectors.
+HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E,
+                           const float* HWY_RESTRICT k, std::int64_t k_stride, float* HWY_RESTRICT st) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[kKeyBlock], acc1[kKeyBlock];
+  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
+      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
+      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
+      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
+    }
+  }
+  for (std::size_t c = 0; c < kKeyBlock; ++c) {
+    hn::Store(acc0[c], df, st + c * rows);
+    hn::Store(acc1[c], df, st + c * rows + N);
+  }
+}
+
+// Oᵀ[d][·] += Σ_c V[c][d] · Pᵀ[c][·] for `Block` value dims starting at `v`.
+template <std::size_t Block>
+HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t rows, std::int64_t cols,
+                                const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[Block], acc1[Block];
+  for (std::size_t d = 0; d < Block; ++d) {
+    acc0[d] = hn::Load(df, ot + d * rows);
+    acc1[d] = hn::Load(df, ot + d * rows + N);
+  }
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const VF p0 = hn::Load(df, pt + c * rows), p1 = hn::Load(df, pt + c * rows + N);
+    _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
+      const VF value = hn::Set(df, v[c * v_stride + static_cast<std::int64_t>(d)]);
+      acc0[d] = hn::MulAdd(p0, value, acc0[d]);
+      acc1[d] = hn::MulAdd(p1, value, acc1[d]);
+    }
+  }
+  for (std::size_t d = 0; d < Block; ++d) {
+    hn::Store(acc0[d], df, ot + d * rows);
+    hn::Store(acc1[d], df, ot + d * rows + N);
+  }
+}
+
+// A query row of the current task: which (batch, head, i) it is.
+struct Row {
+  std::int64_t matrix, head, i, key_end;
+};
+
+// Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows.
+struct Scratch {
+  std::size_t rows;
+  hwy::AlignedFreeUniquePtr<float[]> qt, st, ot, m, l, k_tile, v_tile;
+  std::vector<Row> row_info;
+
+  explicit Scratch(const Problem& p) : rows(2 * hn::Lanes(DF())), row_info(rows) {
+    qt = hwy::AllocateAligned<float>(p.E * rows);
+    st = hwy::AllocateAligned<float>(kKeyTile * rows);
+    ot = hwy::AllocateAligned<float>(std::max<std::int64_t>(p.Ev, 1) * rows);
+    m = hwy::AllocateAligned<float>(rows);
+    l = hwy::AllocateAligned<float>(rows);
+    k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
+    v_tile = hwy::AllocateAligned<float>(kKeyTile * std::max<std::int64_t>(p.Ev, 1));
+  }
+};
+
+// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
+// when it already is (no copy), else converted into `tile`, zero-padded to `padded`
+// rows so that whole register blocks can run over it.
+const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                          std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
+  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded) {
+    *stride = op.row_stride;
+    return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
+  }
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t e = 0; e < width; ++e) tile[c * width + e] = op.load<float>(matrix, j0 + c, e);
+  std::fill(tile + cols * width, tile + padded * width, 0.0f);
+  *stride = width;
+  return tile;
+}
+
+class Task {
+ public:
+  Task(const Problem& p, Scratch& s) : p_(p), s_(s), n_(hn::Lanes(DF())) {}
+
+  // Query rows [row0, row0 + rows) of the flattened (group heads × L) rows that share
+  // KV head `head_kv` of batch `b`.
+  void Run(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
+    b_ = b;
+    kvm_ = b * p_.heads_kv + head_kv;
+    rows_ = row_count;
+    const std::int64_t group = p_.heads_q / p_.heads_kv;
+    key_limit_ = 0;
+    min_key_end_ = p_.S;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const std::int64_t flat = row0 + r;
+      const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
+      s_.row_info[r] = {p_.q_matrix(b, head), head, i, p_.key_end(i)};
+      key_limit_ = std::max(key_limit_, s_.row_info[r].key_end);
+      min_key_end_ = std::min(min_key_end_, s_.row_info[r].key_end);
+    }
+    PackQuery();
+    std::fill(s_.ot.get(), s_.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
+    std::fill(s_.m.get(), s_.m.get() + s_.rows, kMinusInf);
+    std::fill(s_.l.get(), s_.l.get() + s_.rows, 0.0f);
+
+    for (std::int64_t j0 = 0; j0 < key_limit_; j0 += kKeyTile) {
+      const std::int64_t cols = std::min(kKeyTile, key_limit_ - j0);
+      if (!Scores(j0, cols)) continue;  // every score of the tile masked
+      UpdateSoftmax(j0, cols);
+      std::int64_t v_stride;
+      const float* v = KeyValueRows(p_.value, kvm_, j0, cols, cols, p_.Ev, s_.v_tile.get(), &v_stride);
+      Accumulate(v, v_stride, cols);
+    }
+    StoreOutputs();
+    if (p_.weights.present()) StoreWeights();
+  }
+
+ private:
+  // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0.
+  void PackQuery() {
+    const float c = static_cast<float>(p_.scale * kLog2e);
+    float* qt = s_.qt.get();
+    for (std::int64_t e = 0; e < p_.E; ++e) {
+      for (std::int64_t r = 0; r < rows_; ++r)
+        qt[e * s_.rows + r] = p_.query.load<float>(s_.row_info[r].matrix, s_.row_info[r].i, e) * c;
+      for (std::size_t r = rows_; r < s_.rows; ++r) qt[e * s_.rows + r] = 0.0f;
+    }
+  }
+
+  // Sᵀ for keys [j0, j0+cols), masked: −inf where causal, a bool mask or padding
+  // exclude the key. Returns false if every entry is −inf.
+  bool Scores(std::int64_t j0, std::int64_t cols) {
+    const std::int64_t padded = (cols + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+    std::int64_t k_stride;
+    const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
+    float* st = s_.st.get();
+    for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+      ScoreBlock(s_.qt.get(), s_.rows, p_.E, k + c * k_stride, k_stride, st + c * s_.rows);
+    padded_cols_ = padded;
+    for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
+
+    bool any_visible = true;
+    if (p_.mask.present()) any_visible = ApplyMask(j0, cols);
+    if (j0 + cols > min_key_end_) ApplyCausal(j0, cols);
+    return any_visible;
+  }
+
+  bool ApplyMask(std::int64_t j0, std::int64_t cols) {
+    float* st = s_.st.get();
+    const float log2e = static_cast<float>(kLog2e);
+    bool any_visible = false;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const Row& row = s_.row_info[r];
+      for (std::int64_t c = 0; c < cols; ++c) {
+        float& t = st[c * s_.rows + r];
+        const float m = p_.mask.load<float>(row.matrix, row.i, j0 + c);
+        if (p_.mask_is_bool) {
+          if (m == 0.0f) t = kMinusInf;
+        } else {
+          t += m * log2e;
+        }
+        any_visible |= t != kMinusInf;
+      }
+    }
+    return any_visible;
+  }
+
+  void ApplyCausal(std::int64_t j0, std::int64_t cols) {
+    float* st = s_.st.get();
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const std::int64_t first_hidden = std::max<std::int64_t>(s_.row_info[r].key_end - j0, 0);
+      for (std::int64_t c = first_hidden; c < cols; ++c) st[c * s_.rows + r] = kMinusInf;
+    }
+  }
+
+  // The online-softmax step: turns Sᵀ into Pᵀ, updates m and l, rescales Oᵀ.
+  void UpdateSoftmax(std::int64_t j0, std::int64_t cols) {
+    const DF df;
+    float* st = s_.st.get();
+    for (std::size_t v = 0; v < 2; ++v) {
+      const std::size_t lane0 = v * n_;
+      const VF m_old = hn::Load(df, s_.m.get() + lane0);
+      VF m_new = m_old;
+      for (std::int64_t c = 0; c < padded_cols_; ++c) m_new = hn::Max(m_new, hn::Load(df, st + c * s_.rows + lane0));
+      // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
+      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
+      const VF alpha = Exp2(df, hn::Sub(m_old, m_use));
+      VF sum = hn::Zero(df);
+      for (std::int64_t c = 0; c < padded_cols_; ++c) {
+        const VF prob = Exp2(df, hn::Sub(hn::Load(df, st + c * s_.rows + lane0), m_use));
+        hn::Store(prob, df, st + c * s_.rows + lane0);
+        sum = hn::Add(sum, prob);
+      }
+      hn::Store(hn::MulAdd(hn::Load(df, s_.l.get() + lane0), alpha, sum), df, s_.l.get() + lane0);
+      hn::Store(m_new, df, s_.m.get() + lane0);
+      float* ot = s_.ot.get() + lane0;
+      for (std::int64_t d = 0; d < p_.Ev; ++d)
+        hn::Store(hn::Mul(hn::Load(df, ot + d * s_.rows), alpha), df, ot + d * s_.rows);
+    }
+    if (p_.dropout_p > 0.0) ApplyDropout(j0, cols);
+  }
+
+  // Pᵀ[c][r] ← Pᵀ[c][r] · keep/(1−p): the shared Philox decision of common/philox.h.
+  void ApplyDropout(std::int64_t j0, std::int64_t cols) {
+    const DropoutMask dropout(p_.dropout_p, p_.seed, p_.offset);
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - p_.dropout_p));
+    float* st = s_.st.get();
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const Row& row = s_.row_info[r];
+      PhiloxBlock words{};
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t j = j0 + c;
+        if (c == 0 || (j & 3) == 0) words = dropout.words(b_, row.head, row.i, j);
+        float& prob = st[c * s_.rows + r];
+        prob = dropout.keep_word(words[j & 3]) ? prob * keep_scale : 0.0f;
+      }
+    }
+  }
+
+  void Accumulate(const float* v, std::int64_t v_stride, std::int64_t cols) {
+    std::int64_t d = 0;
+    for (; d + static_cast<std::int64_t>(kValueBlock) <= p_.Ev; d += kValueBlock)
+      AccumulateBlock<kValueBlock>(s_.st.get(), s_.rows, cols, v + d, v_stride, s_.ot.get() + d * s_.rows);
+    for (; d < p_.Ev; ++d) AccumulateBlock<1>(s_.st.get(), s_.rows, cols, v + d, v_stride, s_.ot.get() + d * s_.rows);
+  }
+
+  void StoreOutputs() {
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const Row& row = s_.row_info[r];
+      const float l = s_.l[r];
+      const bool fully_masked = l == 0.0f;  // no key contributed (NaN rows have l = NaN)
+      const float inverse = fully_masked ? 0.0f : 1.0f / l;
+      for (std::int64_t d = 0; d < p_.Ev; ++d)
+        p_.output.store<float>(row.matrix, row.i, d, fully_masked ? 0.0f : s_.ot[d * s_.rows + r] * inverse);
+      if (p_.lse.present())
+        p_.lse.store<double>(row.matrix, row.i, 0,
+                             fully_masked ? -std::numeric_limits<double>::infinity()
+                                          : s_.m[r] * kLn2 + std::log(static_cast<double>(l)));
+    }
+  }
+
+  // The weights, recomputed tile by tile with the final m and l: p = 2^(t − m) / l,
+  // after dropout. Keys past the causal limit get 0 (NaN in a NaN row).
+  void StoreWeights() {
+    const DF df;
+    float* st = s_.st.get();
+    for (std::int64_t j0 = 0; j0 < p_.S; j0 += kKeyTile) {
+      const std::int64_t cols = std::min(kKeyTile, p_.S - j0);
+      const bool visible = j0 < key_limit_;
+      if (visible) {
+        Scores(j0, std::min(cols, key_limit_ - j0));
+        for (std::int64_t c = std::min(cols, key_limit_ - j0); c < cols; ++c)
+          std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
+        for (std::size_t v = 0; v < 2; ++v) {
+          const std::size_t lane0 = v * n_;
+          const VF m = hn::Load(df, s_.m.get() + lane0), l = hn::Load(df, s_.l.get() + lane0);
+          const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
+          const VF inverse = hn::IfThenZeroElse(hn::Eq(l, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), l));
+          for (std::int64_t c = 0; c < cols; ++c) {
+            const VF t = hn::Load(df, st + c * s_.rows + lane0);
+            hn::Store(hn::Mul(Exp2(df, hn::Sub(t, m_use)), inverse), df, st + c * s_.rows + lane0);
+          }
+        }
+        if (p_.dropout_p > 0.0) ApplyDropout(j0, cols);
+      }
+      for (std::int64_t r = 0; r < rows_; ++r) {
+        const Row& row = s_.row_info[r];
+        const float hidden = std::isnan(s_.l[r]) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+        for (std::int64_t c = 0; c < cols; ++c)
+          p_.weights.store<float>(row.matrix, row.i, j0 + c, visible ? st[c * s_.rows + r] : hidden);
+      }
+    }
+  }
+
+  const Problem& p_;
+  Scratch& s_;
+  const std::size_t n_;
+  std::int64_t b_ = 0, kvm_ = 0, rows_ = 0, key_limit_ = 0, min_key_end_ = 0, padded_cols_ = 0;
+};
+
+}  // namespace
+
+void ForwardFloat32(const Problem& p) {
+  const std::int64_t rows_per_task = static_cast<std::int64_t>(2 * hn::Lanes(DF()));
+  const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
+  const std::int64_t tiles = (group_rows + rows_per_task - 1) / rows_per_task;
+  const std::int64_t tasks = p.batch * p.heads_kv * tiles;
+  // Each task owns its rows of every output and computes them the same way whichever
+  // thread runs it: bitwise the same results for any thread count. Causal: the last
+  // (costliest) tiles go first, so that dynamic scheduling ends balanced.
+#pragma omp parallel num_threads(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()) if (tasks > 1)
+  {
+    Scratch scratch(p);
+    Task task(p, scratch);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t tile = tiles - 1 - t % tiles;
+      const std::int64_t head_kv = (t / tiles) % p.heads_kv;
+      const std::int64_t b = t / (tiles * p.heads_kv);
+      const std::int64_t row0 = tile * rows_per_task;
+      task.Run(b, head_kv, row0, std::min(rows_per_task, group_rows - row0));
+    }
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::detail {
+
+HWY_EXPORT(ForwardFloat32);
+HWY_EXPORT(TargetName);
+
+void simd_forward_float32(const Problem& problem) { HWY_DYNAMIC_DISPATCH(ForwardFloat32)(problem); }
+
+const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace sdpa::detail
+#endif
