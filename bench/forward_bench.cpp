@@ -6,7 +6,7 @@
 
 #include <random>
 
-#include "fma_peak.h"
+#include "probes.h"
 #include "sdpa/sdpa.h"
 
 namespace {
@@ -42,7 +42,7 @@ BENCHMARK(BM_Forward)
     ->UseRealTime();
 
 int main(int argc, char** argv) {
-  g_peak_gflops = sdpa::bench::measure_fma_peak(omp_get_max_threads()).gflops;
+  g_peak_gflops = sdpa::bench::fma_peak(omp_get_max_threads()).rate;
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
 }

@@ -43,6 +43,15 @@ int check_command(const CheckArgs& args);
 // `sdpa info`: what the library found on this machine.
 int info_command();
 
+// `sdpa bench`: the benchmark grid with the machine's peaks measured in the same run.
+struct BenchArgs {
+  bool quick = false;  // skip L = S = 8192
+  bool json = false;
+  int repeats = 3;
+  int threads = 0;
+};
+int bench_command(const BenchArgs& args);
+
 // `sdpa demo`: seed 004's shapes worked through, CPU path against the oracle.
 int demo_command();
 

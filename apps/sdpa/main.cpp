@@ -8,6 +8,7 @@
 
 namespace {
 
+using sdpa::cli::BenchArgs;
 using sdpa::cli::CheckArgs;
 using sdpa::cli::RunArgs;
 
@@ -81,6 +82,13 @@ int main(int argc, char** argv) {
     return std::string("sdpa: error: ") + e.what() + "\nRun with --help for more information.\n";
   });
 
+  BenchArgs bench_args;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmark the forward over the grid, with FMA/bf16/stream probes");
+  bench->add_flag("--quick", bench_args.quick, "Skip the L = S = 8192 points");
+  bench->add_flag("--json", bench_args.json, "Print the results as JSON");
+  bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")->capture_default_str();
+  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->capture_default_str();
+
   RunFlags run_flags;
   CheckArgs check_args;
   add_run_command(app, run_flags);
@@ -98,6 +106,7 @@ int main(int argc, char** argv) {
 
   if (app.got_subcommand("run")) return sdpa::cli::run_command(run_flags.resolve());
   if (app.got_subcommand("check")) return sdpa::cli::check_command(check_args);
+  if (app.got_subcommand("bench")) return sdpa::cli::bench_command(bench_args);
   if (app.got_subcommand("demo")) return sdpa::cli::demo_command();
   return sdpa::cli::info_command();
 }

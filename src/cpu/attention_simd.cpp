@@ -28,6 +28,7 @@
 #include "common/philox.h"
 #include "common/problem.h"
 #include "cpu/attention_simd.h"
+#include "cpu/bf16_kernels.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/attention_simd.cpp"
@@ -52,6 +53,9 @@ constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
+// bfloat16 inputs use the vdpbf16ps microkernels (cpu/bf16_kernels.h), written for 32-row
+// tiles of 16-lane vectors: the AVX-512 target's shape.
+constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
 // 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x), f ∈ [−½, ½]; 2^f by its
 // Taylor polynomial of degree 6 (relative error < 1e-7, below float32's 6e-8 ulp·2), 2^n
@@ -131,9 +135,11 @@ struct Row {
 struct Scratch {
   std::size_t rows;
   hwy::AlignedFreeUniquePtr<float[]> qt, st, ot, m, l, k_tile, v_tile;
+  // bfloat16 path: query pairs, probability pairs, K and V tiles, value pairs.
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp, pp, k16, v16, vp;
   std::vector<Row> row_info;
 
-  explicit Scratch(const Problem& p) : rows(2 * hn::Lanes(DF())), row_info(rows) {
+  Scratch(const Problem& p, bool bf16_path) : rows(2 * hn::Lanes(DF())), row_info(rows) {
     qt = hwy::AllocateAligned<float>(p.E * rows);
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
     ot = hwy::AllocateAligned<float>(std::max<std::int64_t>(p.Ev, 1) * rows);
@@ -141,6 +147,14 @@ struct Scratch {
     l = hwy::AllocateAligned<float>(rows);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * std::max<std::int64_t>(p.Ev, 1));
+    if (bf16_path) {
+      const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
+      qp = hwy::AllocateAligned<std::uint16_t>(E_even * rows);
+      pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
+      k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
+      v16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * Ev);
+      vp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * Ev);
+    }
   }
 };
 
@@ -160,9 +174,28 @@ const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j
   return tile;
 }
 
+// Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
+// when it is laid out so, else a zero-padded copy. K's rows are read in pairs, so for K
+// (`pairs`) an odd width is padded to even.
+const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                              std::int64_t padded, std::int64_t width, bool pairs, std::uint16_t* tile,
+                              std::int64_t* stride) {
+  const bool odd = pairs && width % 2 != 0;
+  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && cols == padded && !odd) {
+    *stride = op.row_stride;
+    return reinterpret_cast<const std::uint16_t*>(op.address(matrix, j0, 0));
+  }
+  const std::int64_t width_even = odd ? width + 1 : width;
+  std::fill(tile, tile + padded * width_even, std::uint16_t{0});
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t e = 0; e < width; ++e) tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
+  *stride = width_even;
+  return tile;
+}
+
 class Task {
  public:
-  Task(const Problem& p, Scratch& s) : p_(p), s_(s), n_(hn::Lanes(DF())) {}
+  Task(const Problem& p, Scratch& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
 
   // Query rows [row0, row0 + rows) of the flattened (group heads × L) rows that share
   // KV head `head_kv` of batch `b`.
@@ -189,17 +222,26 @@ class Task {
       const std::int64_t cols = std::min(kKeyTile, key_limit_ - j0);
       if (!Scores(j0, cols)) continue;  // every score of the tile masked
       UpdateSoftmax(j0, cols);
-      std::int64_t v_stride;
-      const float* v = KeyValueRows(p_.value, kvm_, j0, cols, cols, p_.Ev, s_.v_tile.get(), &v_stride);
-      Accumulate(v, v_stride, cols);
+      Accumulate(j0, cols);
     }
     StoreOutputs();
     if (p_.weights.present()) StoreWeights();
   }
 
  private:
-  // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0.
+  // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
+  // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores).
   void PackQuery() {
+    if (bf16_) {
+      std::uint16_t* qp = s_.qp.get();
+      const std::int64_t pairs = (p_.E + 1) / 2;
+      std::fill(qp, qp + pairs * 2 * s_.rows, std::uint16_t{0});
+      for (std::int64_t r = 0; r < rows_; ++r)
+        for (std::int64_t e = 0; e < p_.E; ++e)
+          std::memcpy(qp + (e / 2) * 2 * s_.rows + 2 * r + (e % 2),
+                      p_.query.address(s_.row_info[r].matrix, s_.row_info[r].i, e), 2);
+      return;
+    }
     const float c = static_cast<float>(p_.scale * kLog2e);
     float* qt = s_.qt.get();
     for (std::int64_t e = 0; e < p_.E; ++e) {
@@ -214,10 +256,17 @@ class Task {
   bool Scores(std::int64_t j0, std::int64_t cols) {
     const std::int64_t padded = (cols + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
     std::int64_t k_stride;
-    const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
     float* st = s_.st.get();
-    for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-      ScoreBlock(s_.qt.get(), s_.rows, p_.E, k + c * k_stride, k_stride, st + c * s_.rows);
+    if (bf16_) {
+      const std::uint16_t* k = Bf16Rows(p_.key, kvm_, j0, cols, padded, p_.E, true, s_.k16.get(), &k_stride);
+      const float scale = static_cast<float>(p_.scale * kLog2e);
+      for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+        bf16::score_block(s_.qp.get(), (p_.E + 1) / 2, k + c * k_stride, k_stride, scale, st + c * s_.rows);
+    } else {
+      const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
+      for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+        ScoreBlock(s_.qt.get(), s_.rows, p_.E, k + c * k_stride, k_stride, st + c * s_.rows);
+    }
     padded_cols_ = padded;
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
 
@@ -299,7 +348,19 @@ class Task {
     }
   }
 
-  void Accumulate(const float* v, std::int64_t v_stride, std::int64_t cols) {
+  // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols). bfloat16: P rounded to bfloat16 (as
+  // FlashAttention does for its P·V product; l keeps the float32 sum).
+  void Accumulate(std::int64_t j0, std::int64_t cols) {
+    std::int64_t v_stride;
+    if (bf16_) {
+      const std::uint16_t* v = Bf16Rows(p_.value, kvm_, j0, cols, cols, p_.Ev, false, s_.v16.get(), &v_stride);
+      const std::int64_t pairs = (cols + 1) / 2;
+      bf16::pack_values(v, v_stride, cols, p_.Ev, s_.vp.get());
+      bf16::pack_probabilities(s_.st.get(), pairs, s_.pp.get());
+      bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, s_.ot.get());
+      return;
+    }
+    const float* v = KeyValueRows(p_.value, kvm_, j0, cols, cols, p_.Ev, s_.v_tile.get(), &v_stride);
     std::int64_t d = 0;
     for (; d + static_cast<std::int64_t>(kValueBlock) <= p_.Ev; d += kValueBlock)
       AccumulateBlock<kValueBlock>(s_.st.get(), s_.rows, cols, v + d, v_stride, s_.ot.get() + d * s_.rows);
@@ -357,6 +418,7 @@ class Task {
   const Problem& p_;
   Scratch& s_;
   const std::size_t n_;
+  const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, rows_ = 0, key_limit_ = 0, min_key_end_ = 0, padded_cols_ = 0;
 };
 
@@ -367,13 +429,14 @@ void ForwardFloat32(const Problem& p) {
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
   const std::int64_t tiles = (group_rows + rows_per_task - 1) / rows_per_task;
   const std::int64_t tasks = p.batch * p.heads_kv * tiles;
+  const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && bf16::supported();
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count. Causal: the last
   // (costliest) tiles go first, so that dynamic scheduling ends balanced.
 #pragma omp parallel num_threads(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()) if (tasks > 1)
   {
-    Scratch scratch(p);
-    Task task(p, scratch);
+    Scratch scratch(p, bf16_path);
+    Task task(p, scratch, bf16_path);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t tile = tiles - 1 - t % tiles;

@@ -1,0 +1,112 @@
+#include "probes.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace sdpa::bench {
+
+namespace {
+
+// Enough independent accumulators to cover latency × ports of any current core.
+constexpr int kChains = 12;
+constexpr long kIterations = 10'000'000;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+__attribute__((target("avx512f"))) float fma_loop_avx512() {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (long i = 0; i < kIterations; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  return sink;
+}
+
+__attribute__((target("avx2,fma"))) float fma_loop_avx2() {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(0.001f * c);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (long i = 0; i < kIterations; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  alignas(32) float lanes[8];
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) {
+    _mm256_store_ps(lanes, acc[c]);
+    for (float x : lanes) sink += x;
+  }
+  return sink;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float bf16_loop() {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
+  const __m512 ones = _mm512_set1_ps(1e-3f);
+  const __m512bh a = _mm512_cvtne2ps_pbh(ones, ones), b = _mm512_cvtne2ps_pbh(ones, ones);
+  for (long i = 0; i < kIterations; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  return sink;
+}
+
+volatile float g_sink;  // keeps the probe loops from being optimised away
+
+}  // namespace
+
+Probe fma_peak(int threads) {
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  float sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  sink += avx512 ? fma_loop_avx512() : fma_loop_avx2();
+  const double seconds = seconds_since(start);
+  g_sink = sink;
+  const double lanes = avx512 ? 16 : 8;
+  return {2.0 * lanes * kChains * kIterations * threads / seconds / 1e9,
+          avx512 ? "vfmadd231ps zmm (float32)" : "vfmadd231ps ymm (float32)"};
+}
+
+Probe bf16_dot_peak(int threads) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16")) return {0, "vdpbf16ps (not on this CPU)"};
+  float sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  sink += bf16_loop();
+  const double seconds = seconds_since(start);
+  g_sink = sink;
+  return {4.0 * 16 * kChains * kIterations * threads / seconds / 1e9, "vdpbf16ps zmm (bfloat16 pairs)"};
+}
+
+Probe stream_read(int threads) {
+  const std::size_t count = std::size_t{1} << 27;  // 512 MiB of float32
+  std::vector<float> data(count);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i & 1023);
+  double best = 0;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    float total = 0;
+    const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel for simd num_threads(threads) schedule(static) reduction(+ : total)
+    for (std::size_t i = 0; i < count; ++i) total += data[i];
+    const double seconds = seconds_since(start);
+    g_sink = total;
+    best = std::max(best, count * sizeof(float) / seconds / 1e9);
+  }
+  return {best, "sum of 512 MiB float32, static schedule"};
+}
+
+}  // namespace sdpa::bench

@@ -1,0 +1,120 @@
+#include "cpu/bf16_kernels.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+namespace sdpa::detail::bf16 {
+
+namespace {
+
+SDPA_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+SDPA_BF16_TARGET inline __m512bh broadcast_pair(const std::uint16_t* pair) {
+  std::int32_t bits;
+  std::memcpy(&bits, pair, sizeof bits);
+  return as_bh(_mm512_set1_epi32(bits));
+}
+
+template <int Block>
+SDPA_BF16_TARGET inline void accumulate_block(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp,
+                                              std::int64_t Ev, float* ot) {
+  __m512 acc0[Block], acc1[Block];
+  for (int d = 0; d < Block; ++d) {
+    acc0[d] = _mm512_load_ps(ot + d * kRows);
+    acc1[d] = _mm512_load_ps(ot + d * kRows + 16);
+  }
+  for (std::int64_t cp = 0; cp < col_pairs; ++cp) {
+    const __m512bh p0 = as_bh(_mm512_load_si512(pp + cp * 2 * kRows));
+    const __m512bh p1 = as_bh(_mm512_load_si512(pp + cp * 2 * kRows + kRows));
+    const std::uint16_t* values = vp + cp * 2 * Ev;
+#pragma GCC unroll 8
+    for (int d = 0; d < Block; ++d) {
+      const __m512bh value = broadcast_pair(values + 2 * d);
+      acc0[d] = _mm512_dpbf16_ps(acc0[d], p0, value);
+      acc1[d] = _mm512_dpbf16_ps(acc1[d], p1, value);
+    }
+  }
+  for (int d = 0; d < Block; ++d) {
+    _mm512_store_ps(ot + d * kRows, acc0[d]);
+    _mm512_store_ps(ot + d * kRows + 16, acc1[d]);
+  }
+}
+
+}  // namespace
+
+bool supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,
+                                  std::int64_t k_stride, float scale, float* st) {
+  __m512 acc0[kKeyBlock], acc1[kKeyBlock];
+  for (int c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const __m512bh q0 = as_bh(_mm512_load_si512(qp + p * 2 * kRows));
+    const __m512bh q1 = as_bh(_mm512_load_si512(qp + p * 2 * kRows + kRows));
+#pragma GCC unroll 12
+    for (int c = 0; c < kKeyBlock; ++c) {
+      const __m512bh key = broadcast_pair(k + c * k_stride + 2 * p);
+      acc0[c] = _mm512_dpbf16_ps(acc0[c], q0, key);
+      acc1[c] = _mm512_dpbf16_ps(acc1[c], q1, key);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int c = 0; c < kKeyBlock; ++c) {
+    _mm512_store_ps(st + c * kRows, _mm512_mul_ps(acc0[c], s));
+    _mm512_store_ps(st + c * kRows + 16, _mm512_mul_ps(acc1[c], s));
+  }
+}
+
+SDPA_BF16_TARGET void pack_probabilities(const float* st, std::int64_t col_pairs, std::uint16_t* pp) {
+  // cvtne2ps_pbh(b, a) puts bf16(a) in the low 16 lanes and bf16(b) in the high 16;
+  // the permutation interleaves them into (P[r][c], P[r][c+1]) pairs.
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (std::int64_t cp = 0; cp < col_pairs; ++cp)
+    for (int half = 0; half < 2; ++half) {
+      const __m512 even = _mm512_load_ps(st + (2 * cp) * kRows + half * 16);
+      const __m512 odd = _mm512_load_ps(st + (2 * cp + 1) * kRows + half * 16);
+      const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+      _mm512_store_si512(pp + cp * 2 * kRows + half * kRows, _mm512_permutexvar_epi16(interleave, packed));
+    }
+}
+
+SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols,
+                                  std::int64_t Ev, std::uint16_t* vp) {
+  // permutex2var picks from (a, b) with index bit 5 choosing b: low and high halves of
+  // the interleave (a0 b0 a1 b1 ... a31 b31).
+  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (std::int64_t c = 0; c < cols; c += 2) {
+    const std::uint16_t* a = v + c * v_stride;
+    const std::uint16_t* b = c + 1 < cols ? v + (c + 1) * v_stride : nullptr;
+    std::uint16_t* out = vp + (c / 2) * 2 * Ev;
+    for (std::int64_t d = 0; d < Ev; d += 32) {
+      const std::int64_t n = Ev - d < 32 ? Ev - d : 32;
+      const __mmask32 in_mask = n == 32 ? 0xffffffffu : ((1u << n) - 1);
+      const __m512i va = _mm512_maskz_loadu_epi16(in_mask, a + d);
+      const __m512i vb = b ? _mm512_maskz_loadu_epi16(in_mask, b + d) : _mm512_setzero_si512();
+      const __m512i lo = _mm512_permutex2var_epi16(va, low, vb), hi = _mm512_permutex2var_epi16(va, high, vb);
+      const std::int64_t lo_n = n < 16 ? 2 * n : 32, hi_n = n > 16 ? 2 * (n - 16) : 0;
+      _mm512_mask_storeu_epi16(out + 2 * d, lo_n == 32 ? 0xffffffffu : ((1u << lo_n) - 1), lo);
+      if (hi_n > 0) _mm512_mask_storeu_epi16(out + 2 * d + 32, hi_n == 32 ? 0xffffffffu : ((1u << hi_n) - 1), hi);
+    }
+  }
+}
+
+SDPA_BF16_TARGET void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp,
+                                 std::int64_t Ev, float* ot) {
+  std::int64_t d = 0;
+  for (; d + kValueBlock <= Ev; d += kValueBlock) accumulate_block<kValueBlock>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
+  for (; d < Ev; ++d) accumulate_block<1>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
+}
+
+}  // namespace sdpa::detail::bf16
