@@ -99,7 +99,9 @@ int bench_command(const BenchArgs& args) {
   report["machine"] = {{"cpu_features", info.cpu_features}, {"kernel", info.cpu_kernel}, {"threads", threads},
                        {"fma_peak_gflops", fma.rate},        {"bf16_dot_peak_gflops", bf16.rate},
                        {"stream_read_gbs", stream.rate}};
-  const std::vector<Point> points = grid(args.quick);
+  std::vector<Point> points = grid(args.quick);
+  if (!args.filter.empty())
+    std::erase_if(points, [&](const Point& p) { return p.name().find(args.filter) == std::string::npos; });
   std::vector<std::string> lines;
   for (std::size_t n = 0; n < points.size(); ++n) {
     const Point& p = points[n];

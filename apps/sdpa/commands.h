@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -49,10 +51,30 @@ struct BenchArgs {
   bool json = false;
   int repeats = 3;
   int threads = 0;
+  std::string filter;  // run only the points whose name contains it
 };
 int bench_command(const BenchArgs& args);
 
-// `sdpa demo`: seed 004's shapes worked through, CPU path against the oracle.
-int demo_command();
+// `sdpa demo`: seed 003's walkthrough on "the cat ate the rat" (embeddings, projections,
+// RoPE, scores, scaling, mask, softmax, output), seed 004's pictures and scaling
+// experiment written as PNG files into `out_dir`, the CPU path against the oracle.
+struct DemoArgs {
+  std::string out_dir = "build/demo";
+  bool pictures = true;
+};
+int demo_command(const DemoArgs& args);
+
+// `sdpa viz`: a heatmap of any weight matrix from a .npy file.
+struct VizArgs {
+  std::string weights;
+  std::string out;
+  std::vector<std::int64_t> index;  // leading indices picking one matrix; default all 0
+  std::string title, xlabel = "Key position", ylabel = "Query position";
+  std::vector<std::string> row_labels, col_labels, labels;
+  double vmin = std::numeric_limits<double>::quiet_NaN();  // NaN = from the data
+  double vmax = std::numeric_limits<double>::quiet_NaN();
+  bool no_values = false;
+};
+int viz_command(const VizArgs& args);
 
 }  // namespace sdpa::cli

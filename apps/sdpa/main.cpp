@@ -88,13 +88,33 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", bench_args.json, "Print the results as JSON");
   bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")->capture_default_str();
   bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->capture_default_str();
+  bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
 
   RunFlags run_flags;
   CheckArgs check_args;
   add_run_command(app, run_flags);
   add_check_command(app, check_args);
   app.add_subcommand("info", "Print the version, CPU features, chosen kernel and thread count");
-  app.add_subcommand("demo", "Work through seed 004's example: weights and output without and with a causal mask");
+  sdpa::cli::DemoArgs demo_args;
+  CLI::App* demo = app.add_subcommand(
+      "demo", "Seed 003's walkthrough on \"the cat ate the rat\", step by step, and seed 004's pictures as PNG files");
+  demo->add_option("--out-dir", demo_args.out_dir, "Folder for the PNG files")->capture_default_str();
+  demo->add_flag("!--no-pictures", demo_args.pictures, "Print the walkthrough only");
+  sdpa::cli::VizArgs viz_args;
+  CLI::App* viz = app.add_subcommand("viz", "Draw a weight matrix (.npy) as a PNG heatmap with a colour scale");
+  viz->add_option("--weights,-w", viz_args.weights, "Matrix (..., L, S) .npy, e.g. from sdpa run --weights")->required();
+  viz->add_option("--out,-o", viz_args.out, "PNG file to write")->required();
+  viz->add_option("--index", viz_args.index, "Leading indices of the matrix to draw, e.g. 0,3 (default: all 0)")
+      ->delimiter(',');
+  viz->add_option("--title", viz_args.title, "Title (default: the file name and index)");
+  viz->add_option("--xlabel", viz_args.xlabel, "x-axis label")->capture_default_str();
+  viz->add_option("--ylabel", viz_args.ylabel, "y-axis label")->capture_default_str();
+  viz->add_option("--labels", viz_args.labels, "Token labels for rows and columns, comma-separated")->delimiter(',');
+  viz->add_option("--row-labels", viz_args.row_labels, "Row labels, comma-separated")->delimiter(',');
+  viz->add_option("--col-labels", viz_args.col_labels, "Column labels, comma-separated")->delimiter(',');
+  viz->add_option("--vmin", viz_args.vmin, "Bottom of the colour scale (default: from the data)");
+  viz->add_option("--vmax", viz_args.vmax, "Top of the colour scale (default: from the data)");
+  viz->add_flag("--no-values", viz_args.no_values, "Do not write the values into the cells");
 
   try {
     app.parse(argc, argv);
@@ -107,6 +127,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("run")) return sdpa::cli::run_command(run_flags.resolve());
   if (app.got_subcommand("check")) return sdpa::cli::check_command(check_args);
   if (app.got_subcommand("bench")) return sdpa::cli::bench_command(bench_args);
-  if (app.got_subcommand("demo")) return sdpa::cli::demo_command();
+  if (app.got_subcommand("demo")) return sdpa::cli::demo_command(demo_args);
+  if (app.got_subcommand("viz")) return sdpa::cli::viz_command(viz_args);
   return sdpa::cli::info_command();
 }

@@ -193,13 +193,84 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
   return tile;
 }
 
+// Floats in one split's saved state: m and l per row, then Oᵀ.
+std::int64_t StateSize(const Problem& p) {
+  return (2 + std::max<std::int64_t>(p.Ev, 1)) * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
+}
+
 class Task {
  public:
   Task(const Problem& p, Scratch& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
 
   // Query rows [row0, row0 + rows) of the flattened (group heads × L) rows that share
-  // KV head `head_kv` of batch `b`.
+  // KV head `head_kv` of batch `b`: all keys, then the outputs.
   void Run(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
+    Attend(b, head_kv, row0, row_count, 0, p_.S);
+    StoreOutputs();
+    if (p_.weights.present()) StoreWeights();
+  }
+
+  // The running state (m, l, Oᵀ) of those rows over keys [key_begin, key_end) only:
+  // one split of a split-KV decode.
+  void Attend(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
+              std::int64_t key_begin, std::int64_t key_end) {
+    SetRows(b, head_kv, row0, row_count);
+    PackQuery();
+    std::fill(s_.ot.get(), s_.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
+    std::fill(s_.m.get(), s_.m.get() + s_.rows, kMinusInf);
+    std::fill(s_.l.get(), s_.l.get() + s_.rows, 0.0f);
+    const std::int64_t end = std::min(key_end, key_limit_);
+    for (std::int64_t j0 = key_begin; j0 < end; j0 += kKeyTile) {
+      const std::int64_t cols = std::min(kKeyTile, end - j0);
+      if (!Scores(j0, cols)) continue;  // every score of the tile masked
+      UpdateSoftmax(j0, cols);
+      Accumulate(j0, cols);
+    }
+  }
+
+  // Merges split states in order: m = max m_s, l = Σ 2^(m_s − m)·l_s,
+  // Oᵀ = Σ 2^(m_s − m)·Oᵀ_s (the log-sum-exp merge of ring attention and split-KV
+  // decoding), then stores the outputs. `states` holds (m, l, Oᵀ) per split, each
+  // StateSize() floats.
+  void MergeAndStore(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
+                     const float* states, std::int64_t splits) {
+    SetRows(b, head_kv, row0, row_count);
+    const DF df;
+    const std::int64_t ev = std::max<std::int64_t>(p_.Ev, 1);
+    for (std::size_t v = 0; v < 2; ++v) {
+      const std::size_t lane0 = v * n_;
+      VF m = hn::Set(df, kMinusInf);
+      for (std::int64_t sp = 0; sp < splits; ++sp) m = hn::Max(m, hn::Load(df, states + sp * StateSize(p_) + lane0));
+      const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
+      VF l = hn::Zero(df);
+      for (std::int64_t d = 0; d < ev; ++d) hn::Store(hn::Zero(df), df, s_.ot.get() + d * s_.rows + lane0);
+      for (std::int64_t sp = 0; sp < splits; ++sp) {
+        const float* state = states + sp * StateSize(p_);
+        const VF weight = Exp2(df, hn::Sub(hn::Load(df, state + lane0), m_use));
+        l = hn::MulAdd(hn::Load(df, state + s_.rows + lane0), weight, l);
+        for (std::int64_t d = 0; d < p_.Ev; ++d) {
+          float* ot = s_.ot.get() + d * s_.rows + lane0;
+          hn::Store(hn::MulAdd(hn::Load(df, state + (2 + d) * s_.rows + lane0), weight, hn::Load(df, ot)), df, ot);
+        }
+      }
+      hn::Store(m, df, s_.m.get() + lane0);
+      hn::Store(l, df, s_.l.get() + lane0);
+    }
+    StoreOutputs();
+    if (p_.weights.present()) {
+      PackQuery();
+      StoreWeights();
+    }
+  }
+
+  void SaveState(float* state) const {
+    std::copy_n(s_.m.get(), s_.rows, state);
+    std::copy_n(s_.l.get(), s_.rows, state + s_.rows);
+    std::copy_n(s_.ot.get(), std::max<std::int64_t>(p_.Ev, 1) * s_.rows, state + 2 * s_.rows);
+  }
+
+ private:
+  void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
     rows_ = row_count;
@@ -213,22 +284,8 @@ class Task {
       key_limit_ = std::max(key_limit_, s_.row_info[r].key_end);
       min_key_end_ = std::min(min_key_end_, s_.row_info[r].key_end);
     }
-    PackQuery();
-    std::fill(s_.ot.get(), s_.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
-    std::fill(s_.m.get(), s_.m.get() + s_.rows, kMinusInf);
-    std::fill(s_.l.get(), s_.l.get() + s_.rows, 0.0f);
-
-    for (std::int64_t j0 = 0; j0 < key_limit_; j0 += kKeyTile) {
-      const std::int64_t cols = std::min(kKeyTile, key_limit_ - j0);
-      if (!Scores(j0, cols)) continue;  // every score of the tile masked
-      UpdateSoftmax(j0, cols);
-      Accumulate(j0, cols);
-    }
-    StoreOutputs();
-    if (p_.weights.present()) StoreWeights();
   }
 
- private:
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores).
   void PackQuery() {
@@ -424,26 +481,69 @@ class Task {
 
 }  // namespace
 
+// Decoding (few query rows per KV head, few tasks, long S) would leave threads idle:
+// such calls split the keys into ranges of whole tiles, attend each range separately and
+// merge by log-sum-exp. The split depends on the shape only — never on the thread
+// count — so results stay bitwise reproducible.
+std::int64_t KeySplits(const Problem& p, std::int64_t tasks) {
+  constexpr std::int64_t kMinKeysPerSplit = 2048, kTargetTasks = 32;
+  if (tasks >= kTargetTasks || p.S < 2 * kMinKeysPerSplit) return 1;
+  return std::min((kTargetTasks + tasks - 1) / tasks, p.S / kMinKeysPerSplit);
+}
+
 void ForwardFloat32(const Problem& p) {
   const std::int64_t rows_per_task = static_cast<std::int64_t>(2 * hn::Lanes(DF()));
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
   const std::int64_t tiles = (group_rows + rows_per_task - 1) / rows_per_task;
   const std::int64_t tasks = p.batch * p.heads_kv * tiles;
   const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && bf16::supported();
+  const std::int64_t splits = KeySplits(p, tasks);
+  // Keys per split, whole tiles: the last split takes the rest.
+  const std::int64_t split_keys = (p.S / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  // (m, l, Oᵀ) per (task, split) when splitting; aligned for whole-vector loads.
+  const std::int64_t state_size = StateSize(p);
+  const hwy::AlignedFreeUniquePtr<float[]> states =
+      hwy::AllocateAligned<float>(splits > 1 ? tasks * splits * state_size : 1);
+
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count. Causal: the last
   // (costliest) tiles go first, so that dynamic scheduling ends balanced.
-#pragma omp parallel num_threads(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()) if (tasks > 1)
+#pragma omp parallel num_threads(threads) if (tasks * splits > 1)
   {
     Scratch scratch(p, bf16_path);
     Task task(p, scratch, bf16_path);
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < tasks; ++t) {
+    auto locate = [&](std::int64_t t, std::int64_t* b, std::int64_t* head_kv, std::int64_t* row0) {
       const std::int64_t tile = tiles - 1 - t % tiles;
-      const std::int64_t head_kv = (t / tiles) % p.heads_kv;
-      const std::int64_t b = t / (tiles * p.heads_kv);
-      const std::int64_t row0 = tile * rows_per_task;
-      task.Run(b, head_kv, row0, std::min(rows_per_task, group_rows - row0));
+      *head_kv = (t / tiles) % p.heads_kv;
+      *b = t / (tiles * p.heads_kv);
+      *row0 = tile * rows_per_task;
+    };
+    if (splits == 1) {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        std::int64_t b, head_kv, row0;
+        locate(t, &b, &head_kv, &row0);
+        task.Run(b, head_kv, row0, std::min(rows_per_task, group_rows - row0));
+      }
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t ts = 0; ts < tasks * splits; ++ts) {
+        std::int64_t b, head_kv, row0;
+        const std::int64_t t = ts / splits, split = ts % splits;
+        locate(t, &b, &head_kv, &row0);
+        const std::int64_t key_begin = split * split_keys;
+        const std::int64_t key_end = split == splits - 1 ? p.S : std::min(p.S, key_begin + split_keys);
+        task.Attend(b, head_kv, row0, std::min(rows_per_task, group_rows - row0), key_begin, key_end);
+        task.SaveState(states.get() + ts * state_size);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        std::int64_t b, head_kv, row0;
+        locate(t, &b, &head_kv, &row0);
+        task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, group_rows - row0),
+                           states.get() + t * splits * state_size, splits);
+      }
     }
   }
 }

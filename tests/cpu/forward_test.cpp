@@ -382,6 +382,36 @@ TEST(CpuForward, BitwiseDeterministicAcrossThreadCounts) {
   }
 }
 
+// Decoding shapes (a few query rows per KV head, long S) split the keys into ranges
+// merged by log-sum-exp; the merge must agree with the oracle and stay bitwise the same
+// for any thread count.
+TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
+  for (DType dtype : {DType::float32, DType::bfloat16})
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.dtype = dtype;
+      c.batch = {1};
+      c.heads_q = 5, c.heads_kv = 1, c.L = 3, c.S = 9001, c.E = 16, c.Ev = 24;
+      c.causal = causal;
+      c.mask = Case::Mask::additive;
+      c.mask_shape = {c.S};
+      expect_agrees(c, 21);
+    }
+  Case c;
+  c.batch = {1};
+  c.heads_q = 4, c.heads_kv = 1, c.L = 1, c.S = 70000, c.E = 8, c.Ev = 8;
+  Inputs in = make_inputs(c, 22);
+  std::vector<Tensor> outputs;
+  for (int threads : {1, 2}) {
+    in.options.num_threads = threads;
+    outputs.push_back(forward(in.qv(), in.kv(), in.vv(), in.options).output);
+  }
+  EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].nbytes()), 0);
+  in.options.num_threads = 0;
+  const Agreement a = compare_with_oracle(in.qv(), in.kv(), in.vv(), in.options);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
 // 64-bit offsets: key and value rows 2^32 elements apart in a sparse mapping. A 32-bit
 // offset would wrap and read the wrong rows.
 TEST(CpuForward, SixtyFourBitOffsets) {
