@@ -131,25 +131,41 @@ struct Row {
   std::int64_t matrix, head, i, key_end;
 };
 
-// Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows.
+// One tile of 2 vectors of query rows and its running state. A task holds several, so
+// that each K/V tile, once loaded into the cache, serves all of them (long sequences
+// would otherwise stream K and V from memory once per 32 queries).
+struct Subtile {
+  hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;    // bfloat16 path: query pairs
+  std::vector<Row> rows;                            // the valid rows (the rest are padding)
+  std::int64_t key_limit = 0;                       // no row sees a key at or past it
+  std::int64_t min_key_end = 0;                     // every row sees the keys before it
+};
+
+constexpr std::int64_t kSubtiles = 4;
+
+// Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows per subtile.
 struct Scratch {
   std::size_t rows;
-  hwy::AlignedFreeUniquePtr<float[]> qt, st, ot, m, l, k_tile, v_tile;
-  // bfloat16 path: query pairs, probability pairs, K and V tiles, value pairs.
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp, pp, k16, v16, vp;
-  std::vector<Row> row_info;
+  Subtile sub[kSubtiles];
+  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile;
+  // bfloat16 path: probability pairs, K and V tiles, value pairs.
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
-  Scratch(const Problem& p, bool bf16_path) : rows(2 * hn::Lanes(DF())), row_info(rows) {
-    qt = hwy::AllocateAligned<float>(p.E * rows);
+  Scratch(const Problem& p, bool bf16_path) : rows(2 * hn::Lanes(DF())) {
+    const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
+    for (Subtile& t : sub) {
+      t.qt = hwy::AllocateAligned<float>(p.E * rows);
+      t.ot = hwy::AllocateAligned<float>(Ev * rows);
+      t.m = hwy::AllocateAligned<float>(rows);
+      t.l = hwy::AllocateAligned<float>(rows);
+      if (bf16_path) t.qp = hwy::AllocateAligned<std::uint16_t>(E_even * rows);
+      t.rows.reserve(rows);
+    }
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
-    ot = hwy::AllocateAligned<float>(std::max<std::int64_t>(p.Ev, 1) * rows);
-    m = hwy::AllocateAligned<float>(rows);
-    l = hwy::AllocateAligned<float>(rows);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
-    v_tile = hwy::AllocateAligned<float>(kKeyTile * std::max<std::int64_t>(p.Ev, 1));
+    v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     if (bf16_path) {
-      const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
-      qp = hwy::AllocateAligned<std::uint16_t>(E_even * rows);
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
       v16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * Ev);
@@ -193,181 +209,219 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
   return tile;
 }
 
-// Floats in one split's saved state: m and l per row, then Oᵀ.
+std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Floats in one subtile's saved state: m and l per row, then Oᵀ.
 std::int64_t StateSize(const Problem& p) {
   return (2 + std::max<std::int64_t>(p.Ev, 1)) * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
 }
+
+// K (or V) of one key tile as the microkernels read it: float32 rows, or bfloat16 rows.
+struct KeyRows {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  std::int64_t stride = 0;
+};
 
 class Task {
  public:
   Task(const Problem& p, Scratch& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
 
-  // Query rows [row0, row0 + rows) of the flattened (group heads × L) rows that share
-  // KV head `head_kv` of batch `b`: all keys, then the outputs.
+  // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
+  // share KV head `head_kv` of batch `b`: all keys, then the outputs.
   void Run(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     Attend(b, head_kv, row0, row_count, 0, p_.S);
-    StoreOutputs();
-    if (p_.weights.present()) StoreWeights();
+    for (std::int64_t g = 0; g < subtiles_; ++g) Finish(s_.sub[g]);
   }
 
-  // The running state (m, l, Oᵀ) of those rows over keys [key_begin, key_end) only:
+  // The running states (m, l, Oᵀ) of those rows over keys [key_begin, key_end) only:
   // one split of a split-KV decode.
   void Attend(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
               std::int64_t key_begin, std::int64_t key_end) {
     SetRows(b, head_kv, row0, row_count);
-    PackQuery();
-    std::fill(s_.ot.get(), s_.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
-    std::fill(s_.m.get(), s_.m.get() + s_.rows, kMinusInf);
-    std::fill(s_.l.get(), s_.l.get() + s_.rows, 0.0f);
-    const std::int64_t end = std::min(key_end, key_limit_);
+    std::int64_t key_limit = 0;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      PackQuery(t);
+      std::fill(t.ot.get(), t.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
+      std::fill(t.m.get(), t.m.get() + s_.rows, kMinusInf);
+      std::fill(t.l.get(), t.l.get() + s_.rows, 0.0f);
+      key_limit = std::max(key_limit, t.key_limit);
+    }
+    const std::int64_t end = std::min(key_end, key_limit);
     for (std::int64_t j0 = key_begin; j0 < end; j0 += kKeyTile) {
-      const std::int64_t cols = std::min(kKeyTile, end - j0);
-      if (!Scores(j0, cols)) continue;  // every score of the tile masked
-      UpdateSoftmax(j0, cols);
-      Accumulate(j0, cols);
+      const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
+      const KeyRows k = LoadKeys(j0, tile_cols);
+      values_loaded_ = false;
+      for (std::int64_t g = 0; g < subtiles_; ++g) {
+        Subtile& t = s_.sub[g];
+        const std::int64_t cols = std::min(tile_cols, t.key_limit - j0);
+        if (cols <= 0) continue;
+        if (!Scores(t, j0, cols, k)) continue;  // every score of the tile masked
+        UpdateSoftmax(t, j0, cols);
+        Accumulate(t, j0, cols, tile_cols);
+      }
     }
   }
 
   // Merges split states in order: m = max m_s, l = Σ 2^(m_s − m)·l_s,
   // Oᵀ = Σ 2^(m_s − m)·Oᵀ_s (the log-sum-exp merge of ring attention and split-KV
-  // decoding), then stores the outputs. `states` holds (m, l, Oᵀ) per split, each
-  // StateSize() floats.
+  // decoding), then stores the outputs. `states` holds, per split, kSubtiles states
+  // of StateSize() floats.
   void MergeAndStore(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
                      const float* states, std::int64_t splits) {
     SetRows(b, head_kv, row0, row_count);
     const DF df;
-    const std::int64_t ev = std::max<std::int64_t>(p_.Ev, 1);
-    for (std::size_t v = 0; v < 2; ++v) {
-      const std::size_t lane0 = v * n_;
-      VF m = hn::Set(df, kMinusInf);
-      for (std::int64_t sp = 0; sp < splits; ++sp) m = hn::Max(m, hn::Load(df, states + sp * StateSize(p_) + lane0));
-      const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
-      VF l = hn::Zero(df);
-      for (std::int64_t d = 0; d < ev; ++d) hn::Store(hn::Zero(df), df, s_.ot.get() + d * s_.rows + lane0);
-      for (std::int64_t sp = 0; sp < splits; ++sp) {
-        const float* state = states + sp * StateSize(p_);
-        const VF weight = Exp2(df, hn::Sub(hn::Load(df, state + lane0), m_use));
-        l = hn::MulAdd(hn::Load(df, state + s_.rows + lane0), weight, l);
-        for (std::int64_t d = 0; d < p_.Ev; ++d) {
-          float* ot = s_.ot.get() + d * s_.rows + lane0;
-          hn::Store(hn::MulAdd(hn::Load(df, state + (2 + d) * s_.rows + lane0), weight, hn::Load(df, ot)), df, ot);
+    const std::int64_t state_size = StateSize(p_), split_size = kSubtiles * state_size;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      for (std::size_t v = 0; v < 2; ++v) {
+        const std::size_t lane0 = v * n_;
+        VF m = hn::Set(df, kMinusInf);
+        for (std::int64_t sp = 0; sp < splits; ++sp)
+          m = hn::Max(m, hn::Load(df, states + sp * split_size + g * state_size + lane0));
+        const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
+        VF l = hn::Zero(df);
+        for (std::int64_t d = 0; d < p_.Ev; ++d) hn::Store(hn::Zero(df), df, t.ot.get() + d * s_.rows + lane0);
+        for (std::int64_t sp = 0; sp < splits; ++sp) {
+          const float* state = states + sp * split_size + g * state_size;
+          const VF weight = Exp2(df, hn::Sub(hn::Load(df, state + lane0), m_use));
+          l = hn::MulAdd(hn::Load(df, state + s_.rows + lane0), weight, l);
+          for (std::int64_t d = 0; d < p_.Ev; ++d) {
+            float* ot = t.ot.get() + d * s_.rows + lane0;
+            hn::Store(hn::MulAdd(hn::Load(df, state + (2 + d) * s_.rows + lane0), weight, hn::Load(df, ot)), df, ot);
+          }
         }
+        hn::Store(m, df, t.m.get() + lane0);
+        hn::Store(l, df, t.l.get() + lane0);
       }
-      hn::Store(m, df, s_.m.get() + lane0);
-      hn::Store(l, df, s_.l.get() + lane0);
-    }
-    StoreOutputs();
-    if (p_.weights.present()) {
-      PackQuery();
-      StoreWeights();
+      if (p_.weights.present()) PackQuery(t);
+      Finish(t);
     }
   }
 
+  // Writes the states of the current rows: kSubtiles × StateSize() floats.
   void SaveState(float* state) const {
-    std::copy_n(s_.m.get(), s_.rows, state);
-    std::copy_n(s_.l.get(), s_.rows, state + s_.rows);
-    std::copy_n(s_.ot.get(), std::max<std::int64_t>(p_.Ev, 1) * s_.rows, state + 2 * s_.rows);
+    for (std::int64_t g = 0; g < subtiles_; ++g, state += StateSize(p_)) {
+      const Subtile& t = s_.sub[g];
+      std::copy_n(t.m.get(), s_.rows, state);
+      std::copy_n(t.l.get(), s_.rows, state + s_.rows);
+      std::copy_n(t.ot.get(), std::max<std::int64_t>(p_.Ev, 1) * s_.rows, state + 2 * s_.rows);
+    }
   }
 
  private:
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
-    rows_ = row_count;
     const std::int64_t group = p_.heads_q / p_.heads_kv;
-    key_limit_ = 0;
-    min_key_end_ = p_.S;
-    for (std::int64_t r = 0; r < rows_; ++r) {
-      const std::int64_t flat = row0 + r;
-      const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
-      s_.row_info[r] = {p_.q_matrix(b, head), head, i, p_.key_end(i)};
-      key_limit_ = std::max(key_limit_, s_.row_info[r].key_end);
-      min_key_end_ = std::min(min_key_end_, s_.row_info[r].key_end);
+    const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
+    subtiles_ = (row_count + per_subtile - 1) / per_subtile;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      t.rows.clear();
+      t.key_limit = 0;
+      t.min_key_end = p_.S;
+      for (std::int64_t flat = row0 + g * per_subtile; flat < row0 + std::min(row_count, (g + 1) * per_subtile);
+           ++flat) {
+        const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
+        t.rows.push_back({p_.q_matrix(b, head), head, i, p_.key_end(i)});
+        t.key_limit = std::max(t.key_limit, t.rows.back().key_end);
+        t.min_key_end = std::min(t.min_key_end, t.rows.back().key_end);
+      }
     }
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores).
-  void PackQuery() {
+  void PackQuery(Subtile& t) {
+    const std::int64_t rows = static_cast<std::int64_t>(t.rows.size());
     if (bf16_) {
-      std::uint16_t* qp = s_.qp.get();
+      std::uint16_t* qp = t.qp.get();
       const std::int64_t pairs = (p_.E + 1) / 2;
       std::fill(qp, qp + pairs * 2 * s_.rows, std::uint16_t{0});
-      for (std::int64_t r = 0; r < rows_; ++r)
+      for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t e = 0; e < p_.E; ++e)
           std::memcpy(qp + (e / 2) * 2 * s_.rows + 2 * r + (e % 2),
-                      p_.query.address(s_.row_info[r].matrix, s_.row_info[r].i, e), 2);
+                      p_.query.address(t.rows[r].matrix, t.rows[r].i, e), 2);
       return;
     }
     const float c = static_cast<float>(p_.scale * kLog2e);
-    float* qt = s_.qt.get();
+    float* qt = t.qt.get();
     for (std::int64_t e = 0; e < p_.E; ++e) {
-      for (std::int64_t r = 0; r < rows_; ++r)
-        qt[e * s_.rows + r] = p_.query.load<float>(s_.row_info[r].matrix, s_.row_info[r].i, e) * c;
-      for (std::size_t r = rows_; r < s_.rows; ++r) qt[e * s_.rows + r] = 0.0f;
+      for (std::int64_t r = 0; r < rows; ++r) qt[e * s_.rows + r] = p_.query.load<float>(t.rows[r].matrix, t.rows[r].i, e) * c;
+      std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
     }
+  }
+
+  // K rows [j0, j0+cols), padded to whole key blocks.
+  KeyRows LoadKeys(std::int64_t j0, std::int64_t cols) {
+    const std::int64_t padded = RoundUp(cols, kKeyBlock);
+    KeyRows k;
+    if (bf16_)
+      k.bf16 = Bf16Rows(p_.key, kvm_, j0, cols, padded, p_.E, true, s_.k16.get(), &k.stride);
+    else
+      k.f32 = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k.stride);
+    return k;
   }
 
   // Sᵀ for keys [j0, j0+cols), masked: −inf where causal, a bool mask or padding
   // exclude the key. Returns false if every entry is −inf.
-  bool Scores(std::int64_t j0, std::int64_t cols) {
-    const std::int64_t padded = (cols + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-    std::int64_t k_stride;
+  bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
+    const std::int64_t padded = RoundUp(cols, kKeyBlock);
     float* st = s_.st.get();
     if (bf16_) {
-      const std::uint16_t* k = Bf16Rows(p_.key, kvm_, j0, cols, padded, p_.E, true, s_.k16.get(), &k_stride);
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-        bf16::score_block(s_.qp.get(), (p_.E + 1) / 2, k + c * k_stride, k_stride, scale, st + c * s_.rows);
+        bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
-      const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-        ScoreBlock(s_.qt.get(), s_.rows, p_.E, k + c * k_stride, k_stride, st + c * s_.rows);
+        ScoreBlock(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows);
     }
     padded_cols_ = padded;
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
 
     bool any_visible = true;
-    if (p_.mask.present()) any_visible = ApplyMask(j0, cols);
-    if (j0 + cols > min_key_end_) ApplyCausal(j0, cols);
+    if (p_.mask.present()) any_visible = ApplyMask(t, j0, cols);
+    if (j0 + cols > t.min_key_end) ApplyCausal(t, j0, cols);
     return any_visible;
   }
 
-  bool ApplyMask(std::int64_t j0, std::int64_t cols) {
+  bool ApplyMask(const Subtile& t, std::int64_t j0, std::int64_t cols) {
     float* st = s_.st.get();
     const float log2e = static_cast<float>(kLog2e);
     bool any_visible = false;
-    for (std::int64_t r = 0; r < rows_; ++r) {
-      const Row& row = s_.row_info[r];
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const Row& row = t.rows[r];
       for (std::int64_t c = 0; c < cols; ++c) {
-        float& t = st[c * s_.rows + r];
+        float& score = st[c * s_.rows + r];
         const float m = p_.mask.load<float>(row.matrix, row.i, j0 + c);
         if (p_.mask_is_bool) {
-          if (m == 0.0f) t = kMinusInf;
+          if (m == 0.0f) score = kMinusInf;
         } else {
-          t += m * log2e;
+          score += m * log2e;
         }
-        any_visible |= t != kMinusInf;
+        any_visible |= score != kMinusInf;
       }
     }
     return any_visible;
   }
 
-  void ApplyCausal(std::int64_t j0, std::int64_t cols) {
+  void ApplyCausal(const Subtile& t, std::int64_t j0, std::int64_t cols) {
     float* st = s_.st.get();
-    for (std::int64_t r = 0; r < rows_; ++r) {
-      const std::int64_t first_hidden = std::max<std::int64_t>(s_.row_info[r].key_end - j0, 0);
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const std::int64_t first_hidden = std::max<std::int64_t>(t.rows[r].key_end - j0, 0);
       for (std::int64_t c = first_hidden; c < cols; ++c) st[c * s_.rows + r] = kMinusInf;
     }
   }
 
   // The online-softmax step: turns Sᵀ into Pᵀ, updates m and l, rescales Oᵀ.
-  void UpdateSoftmax(std::int64_t j0, std::int64_t cols) {
+  void UpdateSoftmax(Subtile& t, std::int64_t j0, std::int64_t cols) {
     const DF df;
     float* st = s_.st.get();
     for (std::size_t v = 0; v < 2; ++v) {
       const std::size_t lane0 = v * n_;
-      const VF m_old = hn::Load(df, s_.m.get() + lane0);
+      const VF m_old = hn::Load(df, t.m.get() + lane0);
       VF m_new = m_old;
       for (std::int64_t c = 0; c < padded_cols_; ++c) m_new = hn::Max(m_new, hn::Load(df, st + c * s_.rows + lane0));
       // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
@@ -379,22 +433,22 @@ class Task {
         hn::Store(prob, df, st + c * s_.rows + lane0);
         sum = hn::Add(sum, prob);
       }
-      hn::Store(hn::MulAdd(hn::Load(df, s_.l.get() + lane0), alpha, sum), df, s_.l.get() + lane0);
-      hn::Store(m_new, df, s_.m.get() + lane0);
-      float* ot = s_.ot.get() + lane0;
+      hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, sum), df, t.l.get() + lane0);
+      hn::Store(m_new, df, t.m.get() + lane0);
+      float* ot = t.ot.get() + lane0;
       for (std::int64_t d = 0; d < p_.Ev; ++d)
         hn::Store(hn::Mul(hn::Load(df, ot + d * s_.rows), alpha), df, ot + d * s_.rows);
     }
-    if (p_.dropout_p > 0.0) ApplyDropout(j0, cols);
+    if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
   }
 
   // Pᵀ[c][r] ← Pᵀ[c][r] · keep/(1−p): the shared Philox decision of common/philox.h.
-  void ApplyDropout(std::int64_t j0, std::int64_t cols) {
+  void ApplyDropout(const Subtile& t, std::int64_t j0, std::int64_t cols) {
     const DropoutMask dropout(p_.dropout_p, p_.seed, p_.offset);
     const float keep_scale = static_cast<float>(1.0 / (1.0 - p_.dropout_p));
     float* st = s_.st.get();
-    for (std::int64_t r = 0; r < rows_; ++r) {
-      const Row& row = s_.row_info[r];
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const Row& row = t.rows[r];
       PhiloxBlock words{};
       for (std::int64_t c = 0; c < cols; ++c) {
         const std::int64_t j = j0 + c;
@@ -405,69 +459,88 @@ class Task {
     }
   }
 
-  // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols). bfloat16: P rounded to bfloat16 (as
-  // FlashAttention does for its P·V product; l keeps the float32 sum).
-  void Accumulate(std::int64_t j0, std::int64_t cols) {
-    std::int64_t v_stride;
+  // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols) of the key tile [j0, j0+tile_cols), whose V
+  // rows are loaded (and, for bfloat16, packed in pairs) once for all subtiles.
+  // bfloat16: P rounded to bfloat16 (as FlashAttention does for its P·V product; l
+  // keeps the float32 sum).
+  void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols) {
+    if (!values_loaded_) {
+      if (bf16_)
+        values_.bf16 = Bf16Rows(p_.value, kvm_, j0, tile_cols, tile_cols, p_.Ev, false, s_.v16.get(), &values_.stride);
+      else
+        values_.f32 = KeyValueRows(p_.value, kvm_, j0, tile_cols, tile_cols, p_.Ev, s_.v_tile.get(), &values_.stride);
+      values_loaded_ = true;
+      packed_value_rows_ = 0;
+    }
     if (bf16_) {
-      const std::uint16_t* v = Bf16Rows(p_.value, kvm_, j0, cols, cols, p_.Ev, false, s_.v16.get(), &v_stride);
+      // Pairs (c, c+1) must not reach past `cols`: an odd count packs its own pairs
+      // with a zero partner, so a masked key's V (NaN, say) never meets a zero weight.
+      const std::int64_t pack_rows = cols % 2 ? cols : tile_cols;
+      if (packed_value_rows_ != pack_rows) {
+        bf16::pack_values(values_.bf16, values_.stride, pack_rows, p_.Ev, s_.vp.get());
+        packed_value_rows_ = pack_rows;
+      }
       const std::int64_t pairs = (cols + 1) / 2;
-      bf16::pack_values(v, v_stride, cols, p_.Ev, s_.vp.get());
       bf16::pack_probabilities(s_.st.get(), pairs, s_.pp.get());
-      bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, s_.ot.get());
+      bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }
-    const float* v = KeyValueRows(p_.value, kvm_, j0, cols, cols, p_.Ev, s_.v_tile.get(), &v_stride);
     std::int64_t d = 0;
     for (; d + static_cast<std::int64_t>(kValueBlock) <= p_.Ev; d += kValueBlock)
-      AccumulateBlock<kValueBlock>(s_.st.get(), s_.rows, cols, v + d, v_stride, s_.ot.get() + d * s_.rows);
-    for (; d < p_.Ev; ++d) AccumulateBlock<1>(s_.st.get(), s_.rows, cols, v + d, v_stride, s_.ot.get() + d * s_.rows);
+      AccumulateBlock<kValueBlock>(s_.st.get(), s_.rows, cols, values_.f32 + d, values_.stride, t.ot.get() + d * s_.rows);
+    for (; d < p_.Ev; ++d)
+      AccumulateBlock<1>(s_.st.get(), s_.rows, cols, values_.f32 + d, values_.stride, t.ot.get() + d * s_.rows);
   }
 
-  void StoreOutputs() {
-    for (std::int64_t r = 0; r < rows_; ++r) {
-      const Row& row = s_.row_info[r];
-      const float l = s_.l[r];
+  // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
+  void Finish(Subtile& t) {
+    StoreOutputs(t);
+    if (p_.weights.present()) StoreWeights(t);
+  }
+
+  void StoreOutputs(const Subtile& t) {
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const Row& row = t.rows[r];
+      const float l = t.l[r];
       const bool fully_masked = l == 0.0f;  // no key contributed (NaN rows have l = NaN)
       const float inverse = fully_masked ? 0.0f : 1.0f / l;
       for (std::int64_t d = 0; d < p_.Ev; ++d)
-        p_.output.store<float>(row.matrix, row.i, d, fully_masked ? 0.0f : s_.ot[d * s_.rows + r] * inverse);
+        p_.output.store<float>(row.matrix, row.i, d, fully_masked ? 0.0f : t.ot[d * s_.rows + r] * inverse);
       if (p_.lse.present())
         p_.lse.store<double>(row.matrix, row.i, 0,
                              fully_masked ? -std::numeric_limits<double>::infinity()
-                                          : s_.m[r] * kLn2 + std::log(static_cast<double>(l)));
+                                          : t.m[r] * kLn2 + std::log(static_cast<double>(l)));
     }
   }
 
   // The weights, recomputed tile by tile with the final m and l: p = 2^(t − m) / l,
   // after dropout. Keys past the causal limit get 0 (NaN in a NaN row).
-  void StoreWeights() {
+  void StoreWeights(Subtile& t) {
     const DF df;
     float* st = s_.st.get();
     for (std::int64_t j0 = 0; j0 < p_.S; j0 += kKeyTile) {
       const std::int64_t cols = std::min(kKeyTile, p_.S - j0);
-      const bool visible = j0 < key_limit_;
-      if (visible) {
-        Scores(j0, std::min(cols, key_limit_ - j0));
-        for (std::int64_t c = std::min(cols, key_limit_ - j0); c < cols; ++c)
-          std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
+      const std::int64_t visible = std::clamp<std::int64_t>(t.key_limit - j0, 0, cols);
+      if (visible > 0) {
+        Scores(t, j0, visible, LoadKeys(j0, visible));
+        for (std::int64_t c = visible; c < cols; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
         for (std::size_t v = 0; v < 2; ++v) {
           const std::size_t lane0 = v * n_;
-          const VF m = hn::Load(df, s_.m.get() + lane0), l = hn::Load(df, s_.l.get() + lane0);
+          const VF m = hn::Load(df, t.m.get() + lane0), l = hn::Load(df, t.l.get() + lane0);
           const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
           const VF inverse = hn::IfThenZeroElse(hn::Eq(l, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), l));
           for (std::int64_t c = 0; c < cols; ++c) {
-            const VF t = hn::Load(df, st + c * s_.rows + lane0);
-            hn::Store(hn::Mul(Exp2(df, hn::Sub(t, m_use)), inverse), df, st + c * s_.rows + lane0);
+            const VF score = hn::Load(df, st + c * s_.rows + lane0);
+            hn::Store(hn::Mul(Exp2(df, hn::Sub(score, m_use)), inverse), df, st + c * s_.rows + lane0);
           }
         }
-        if (p_.dropout_p > 0.0) ApplyDropout(j0, cols);
+        if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
       }
-      for (std::int64_t r = 0; r < rows_; ++r) {
-        const Row& row = s_.row_info[r];
-        const float hidden = std::isnan(s_.l[r]) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+      for (std::size_t r = 0; r < t.rows.size(); ++r) {
+        const Row& row = t.rows[r];
+        const float hidden = std::isnan(t.l[r]) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
         for (std::int64_t c = 0; c < cols; ++c)
-          p_.weights.store<float>(row.matrix, row.i, j0 + c, visible ? st[c * s_.rows + r] : hidden);
+          p_.weights.store<float>(row.matrix, row.i, j0 + c, visible > 0 ? st[c * s_.rows + r] : hidden);
       }
     }
   }
@@ -476,7 +549,10 @@ class Task {
   Scratch& s_;
   const std::size_t n_;
   const bool bf16_;
-  std::int64_t b_ = 0, kvm_ = 0, rows_ = 0, key_limit_ = 0, min_key_end_ = 0, padded_cols_ = 0;
+  std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
+  KeyRows values_;  // V rows of the current key tile
+  bool values_loaded_ = false;
+  std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
 };
 
 }  // namespace
@@ -492,7 +568,7 @@ std::int64_t KeySplits(const Problem& p, std::int64_t tasks) {
 }
 
 void ForwardFloat32(const Problem& p) {
-  const std::int64_t rows_per_task = static_cast<std::int64_t>(2 * hn::Lanes(DF()));
+  const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
   const std::int64_t tiles = (group_rows + rows_per_task - 1) / rows_per_task;
   const std::int64_t tasks = p.batch * p.heads_kv * tiles;
@@ -502,7 +578,7 @@ void ForwardFloat32(const Problem& p) {
   const std::int64_t split_keys = (p.S / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
   // (m, l, Oᵀ) per (task, split) when splitting; aligned for whole-vector loads.
-  const std::int64_t state_size = StateSize(p);
+  const std::int64_t state_size = kSubtiles * StateSize(p);  // one task's rows, one split
   const hwy::AlignedFreeUniquePtr<float[]> states =
       hwy::AllocateAligned<float>(splits > 1 ? tasks * splits * state_size : 1);
 
