@@ -148,7 +148,7 @@ constexpr std::int64_t kSubtiles = 4;
 struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
-  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile;
+  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile, row_buffer;
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -165,6 +165,7 @@ struct Scratch {
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
+    row_buffer = hwy::AllocateAligned<float>(std::max(kKeyTile, p.E));  // a mask or query row
     if (bf16_path) {
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
@@ -173,6 +174,51 @@ struct Scratch {
     }
   }
 };
+
+// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
+// The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
+// a vector at a time (F16C / shifts).
+void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
+             float* out) {
+  const std::byte* base = op.address(matrix, row, col0);
+  const std::int64_t step = op.col_stride;
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto each = [&](auto convert, std::size_t size) {
+    for (std::int64_t c = 0; c < count; ++c) out[c] = convert(base + c * step * static_cast<std::int64_t>(size));
+  };
+  switch (op.dtype) {
+    case DType::float32:
+      each([](const std::byte* p) { float v; std::memcpy(&v, p, 4); return v; }, 4);
+      return;
+    case DType::float64:
+      each([](const std::byte* p) { double v; std::memcpy(&v, p, 8); return static_cast<float>(v); }, 8);
+      return;
+    case DType::boolean:
+      each([](const std::byte* p) { return *p != std::byte{0} ? 1.0f : 0.0f; }, 1);
+      return;
+    case DType::float16:
+    case DType::bfloat16: {
+      const bool half = op.dtype == DType::float16;
+      std::int64_t c = 0;
+      if (step == 1) {
+        const hn::Rebind<hwy::float16_t, DF> dh;
+        const hn::Rebind<hwy::bfloat16_t, DF> db;
+        for (; c + N <= count; c += N) {
+          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
+                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
+          hn::StoreU(v, df, out + c);
+        }
+      }
+      for (; c < count; ++c) {
+        std::uint16_t bits;
+        std::memcpy(&bits, base + c * step * 2, 2);
+        out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
+      }
+      return;
+    }
+  }
+}
 
 // Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
 // when it already is (no copy), else converted into `tile`, zero-padded to `padded`
@@ -183,8 +229,7 @@ const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j
     *stride = op.row_stride;
     return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
   }
-  for (std::int64_t c = 0; c < cols; ++c)
-    for (std::int64_t e = 0; e < width; ++e) tile[c * width + e] = op.load<float>(matrix, j0 + c, e);
+  for (std::int64_t c = 0; c < cols; ++c) LoadRow(op, matrix, j0 + c, 0, width, tile + c * width);
   std::fill(tile + cols * width, tile + padded * width, 0.0f);
   *stride = width;
   return tile;
@@ -348,9 +393,11 @@ class Task {
     }
     const float c = static_cast<float>(p_.scale * kLog2e);
     float* qt = t.qt.get();
-    for (std::int64_t e = 0; e < p_.E; ++e) {
-      for (std::int64_t r = 0; r < rows; ++r) qt[e * s_.rows + r] = p_.query.load<float>(t.rows[r].matrix, t.rows[r].i, e) * c;
-      std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
+    float* q_row = s_.row_buffer.get();
+    std::fill(qt, qt + p_.E * s_.rows, 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_row);
+      for (std::int64_t e = 0; e < p_.E; ++e) qt[e * s_.rows + r] = q_row[e] * c;
     }
   }
 
@@ -389,13 +436,15 @@ class Task {
 
   bool ApplyMask(const Subtile& t, std::int64_t j0, std::int64_t cols) {
     float* st = s_.st.get();
+    float* row_buffer = s_.row_buffer.get();
     const float log2e = static_cast<float>(kLog2e);
     bool any_visible = false;
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
       const Row& row = t.rows[r];
+      LoadRow(p_.mask, row.matrix, row.i, j0, cols, row_buffer);
       for (std::int64_t c = 0; c < cols; ++c) {
         float& score = st[c * s_.rows + r];
-        const float m = p_.mask.load<float>(row.matrix, row.i, j0 + c);
+        const float m = row_buffer[c];
         if (p_.mask_is_bool) {
           if (m == 0.0f) score = kMinusInf;
         } else {
