@@ -197,10 +197,8 @@ void cpu_forward(const Problem& problem) {
     simd_forward_float32(problem);
 }
 
-const char* cpu_kernel_name() {
-  static const std::string name = std::string("simd-") + simd_target_name() +
-                                  " (float32/bfloat16/float16), tiled-portable (float64)";
-  return name.c_str();
+std::string cpu_kernel_name() {
+  return std::string("simd-") + simd_target_name() + " (float32/bfloat16/float16), tiled-portable (float64)";
 }
 
 }  // namespace sdpa::detail

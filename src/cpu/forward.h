@@ -2,6 +2,8 @@
 // (batch, head, query tile).
 #pragma once
 
+#include <string>
+
 #include "common/problem.h"
 
 namespace sdpa::detail {
@@ -9,6 +11,6 @@ namespace sdpa::detail {
 void cpu_forward(const Problem& problem);
 
 // Name of the kernel cpu_forward() runs on this machine (for `sdpa info`).
-const char* cpu_kernel_name();
+std::string cpu_kernel_name();
 
 }  // namespace sdpa::detail

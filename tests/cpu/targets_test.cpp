@@ -1,0 +1,49 @@
+// The SIMD forward is compiled once per x86 target (AVX-512, AVX2, SSE4, scalar) and
+// dispatched at run time; this machine runs only the best one unless told otherwise.
+// Each target the CPU supports must agree with the oracle on its own, so that an AVX2-
+// or SSE-only machine gets the same contract.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "hwy/targets.h"
+#include "testing/helpers.h"
+
+namespace sdpa::testing {
+namespace {
+
+class EveryTarget : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    hwy::SetSupportedTargetsForTest(0);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  }
+};
+
+TEST_F(EveryTarget, MatchesOracle) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  EXPECT_GE(targets.size(), 2u) << "expected at least one SIMD target and a fallback";
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    EXPECT_NE(runtime_info().cpu_kernel.find(hwy::TargetName(target)), std::string::npos) << runtime_info().cpu_kernel;
+    std::mt19937_64 rng(static_cast<std::uint64_t>(target));
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+      const Tensor q = random_tensor(dtype, {2, 6, 37, 40}, rng), k = random_tensor(dtype, {2, 2, 101, 40}, rng),
+                   v = random_tensor(dtype, {2, 2, 101, 24}, rng);
+      const Tensor mask = random_bool({37, 101}, rng, 0.8);
+      Options options;
+      options.mask = mask.view();
+      options.causal = Causal::bottom_right;
+      const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+      EXPECT_TRUE(a.ok()) << dtype_name(dtype) << ": " << a.describe();
+      options.dropout_p = 0.25;
+      const Agreement d = compare_with_oracle(q.view(), k.view(), v.view(), options);
+      EXPECT_TRUE(d.ok()) << dtype_name(dtype) << " with dropout: " << d.describe();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sdpa::testing
