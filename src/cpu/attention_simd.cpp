@@ -35,6 +35,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
+// Per-target headers go after highway.h, inside the foreach_target loop.
+#include "cpu/exp2-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -56,29 +58,6 @@ constexpr double kLn2 = 0.6931471805599453;
 // bfloat16 inputs use the vdpbf16ps microkernels (cpu/bf16_kernels.h), written for 32-row
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
-
-// 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x), f ∈ [−½, ½]; 2^f by its
-// Taylor polynomial of degree 6 (relative error < 1e-7, below float32's 6e-8 ulp·2), 2^n
-// added into the exponent bits. The rounding uses the 1.5·2^23 trick, so no float→int
-// conversion (whose out-of-range behaviour differs between targets) is needed.
-// x < −125 gives exactly 0 (masked scores are −inf); NaN stays NaN.
-HWY_INLINE VF Exp2(DF df, VF x) {
-  const hn::RebindToSigned<DF> di;
-  const VF magic = hn::Set(df, 12582912.0f);
-  const VF t = hn::Add(x, magic);
-  const VF n = hn::Sub(t, magic);
-  const VF f = hn::Sub(x, n);
-  VF p = hn::Set(df, 1.5403530393381606e-4f);
-  p = hn::MulAdd(p, f, hn::Set(df, 1.3333558146428443e-3f));
-  p = hn::MulAdd(p, f, hn::Set(df, 9.6181291076284772e-3f));
-  p = hn::MulAdd(p, f, hn::Set(df, 5.5504108664821580e-2f));
-  p = hn::MulAdd(p, f, hn::Set(df, 2.4022650695910071e-1f));
-  p = hn::MulAdd(p, f, hn::Set(df, 6.9314718055994531e-1f));
-  p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
-  const auto exponent = hn::ShiftLeft<23>(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic)));
-  const VF scaled = hn::BitCast(df, hn::Add(hn::BitCast(di, p), exponent));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -125.0f)), scaled);
-}
 
 // Sᵀ[k][·] = Σ_e K[k][e] · Qᵀ[e][·] for kKeyBlock keys and the tile's 2 row vectors.
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E,
