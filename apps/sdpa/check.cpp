@@ -69,8 +69,8 @@ enum class MaskKind { none, boolean, additive };
 struct CaseConfig {
   DType dtype = DType::float32;
   int rank = 4;
-  // Rank 4: (B, H, L, E). Rank 3: (H, L, E) — the library reads the leading dim of a
-  // rank-3 tensor as the head dim; B stays 1 and Hq = Hkv.
+  // Rank 4: (B, H, L, E). Rank 3: the seeds' (batch, L, E) with one head — generated
+  // as (H, L, E) with B = 1 and Hq = Hkv, so that its leading dim is the batch.
   std::int64_t B = 1, Hq = 1, Hkv = 1, L = 1, S = 1, E = 1, Ev = 1;
   MaskKind mask_kind = MaskKind::none;
   DType mask_dtype = DType::boolean;
