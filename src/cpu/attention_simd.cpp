@@ -144,7 +144,7 @@ struct Scratch {
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
-    row_buffer = hwy::AllocateAligned<float>(std::max(kKeyTile, p.E));  // a mask or query row
+    row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
     if (bf16_path) {
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
@@ -196,6 +196,33 @@ void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int6
       }
       return;
     }
+  }
+}
+
+// Stores `count` float32 values into row `row` of `op` from column `col0`, rounded to
+// its dtype (nearest even), with the dtype switch hoisted out of the loop.
+void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
+              const float* in) {
+  std::byte* base = op.address(matrix, row, col0);
+  const std::int64_t step = op.col_stride * static_cast<std::int64_t>(op.element_size);
+  auto each = [&](auto store) {
+    for (std::int64_t c = 0; c < count; ++c) store(base + c * step, in[c]);
+  };
+  switch (op.dtype) {
+    case DType::float32:
+      each([](std::byte* p, float v) { std::memcpy(p, &v, 4); });
+      return;
+    case DType::float64:
+      each([](std::byte* p, float v) { const double d = v; std::memcpy(p, &d, 8); });
+      return;
+    case DType::float16:
+      each([](std::byte* p, float v) { const std::uint16_t h = float_to_fp16(v); std::memcpy(p, &h, 2); });
+      return;
+    case DType::bfloat16:
+      each([](std::byte* p, float v) { const std::uint16_t h = float_to_bf16(v); std::memcpy(p, &h, 2); });
+      return;
+    case DType::boolean:
+      return;  // never an output dtype (validated)
   }
 }
 
@@ -527,13 +554,14 @@ class Task {
   }
 
   void StoreOutputs(const Subtile& t) {
+    float* out_row = s_.row_buffer.get();
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
       const Row& row = t.rows[r];
       const float l = t.l[r];
       const bool fully_masked = l == 0.0f;  // no key contributed (NaN rows have l = NaN)
       const float inverse = fully_masked ? 0.0f : 1.0f / l;
-      for (std::int64_t d = 0; d < p_.Ev; ++d)
-        p_.output.store<float>(row.matrix, row.i, d, fully_masked ? 0.0f : t.ot[d * s_.rows + r] * inverse);
+      for (std::int64_t d = 0; d < p_.Ev; ++d) out_row[d] = fully_masked ? 0.0f : t.ot[d * s_.rows + r] * inverse;
+      StoreRow(p_.output, row.matrix, row.i, 0, p_.Ev, out_row);
       if (p_.lse.present())
         p_.lse.store<double>(row.matrix, row.i, 0,
                              fully_masked ? -std::numeric_limits<double>::infinity()
@@ -564,11 +592,12 @@ class Task {
         }
         if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
       }
+      float* weights_row = s_.row_buffer.get();
       for (std::size_t r = 0; r < t.rows.size(); ++r) {
         const Row& row = t.rows[r];
         const float hidden = std::isnan(t.l[r]) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-        for (std::int64_t c = 0; c < cols; ++c)
-          p_.weights.store<float>(row.matrix, row.i, j0 + c, visible > 0 ? st[c * s_.rows + r] : hidden);
+        for (std::int64_t c = 0; c < cols; ++c) weights_row[c] = visible > 0 ? st[c * s_.rows + r] : hidden;
+        StoreRow(p_.weights, row.matrix, row.i, j0, cols, weights_row);
       }
     }
   }
