@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the .npy fuzzer for a fixed time from a freshly generated seed corpus.
+# Runs the .npy fuzzer for a fixed time, then the safetensors fuzzer for
+# SAFETENSORS_SECONDS (default 30), each from a freshly generated seed corpus.
 #   fuzz/run.sh <build_dir> <seconds>      e.g. fuzz/run.sh build/fuzz 60
 # Exits non-zero on a finding; the crashing input is kept in <build_dir>/fuzz-artifacts/.
 set -euo pipefail
@@ -52,3 +53,32 @@ mkdir -p "$artifacts"
 # rss/malloc limits turn an allocation sized by an unchecked header field into a finding.
 "$fuzzer" "$work/corpus" -dict="$work/npy.dict" -max_total_time="$seconds" -max_len=4096 \
   -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="$artifacts" -print_final_stats=1
+
+# The safetensors parser: the tokens of its JSON header as the dictionary.
+safetensors_fuzzer="$build_dir/fuzz/safetensors_fuzzer"
+if [[ ! -x $safetensors_fuzzer ]]; then
+  echo "$safetensors_fuzzer not found: build it first (cmake --build --preset fuzz)" >&2
+  exit 2
+fi
+python3 "$here/make_safetensors_corpus.py" "$work/st_corpus"
+cat >"$work/safetensors.dict" <<'DICT'
+"{"
+"}"
+"["
+"]"
+"\"dtype\""
+"\"shape\""
+"\"data_offsets\""
+"\"__metadata__\""
+"\"F32\""
+"\"F64\""
+"\"F16\""
+"\"BF16\""
+"\"BOOL\""
+"\"I64\""
+"18446744073709551615"
+"9223372036854775808"
+"4294967296"
+DICT
+"$safetensors_fuzzer" "$work/st_corpus" -dict="$work/safetensors.dict" -max_total_time="${SAFETENSORS_SECONDS:-30}" \
+  -max_len=4096 -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="$artifacts" -print_final_stats=1

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev libomp-dev make
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libhwy-dev libpng-dev
+  libcli11-dev nlohmann-json3-dev libhwy-dev libpng-dev libopenblas-dev
   python3 python3-venv python3-dev
 )
 

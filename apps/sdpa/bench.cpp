@@ -76,6 +76,41 @@ double time_point(const Point& p, int repeats, int threads) {
   return seconds[seconds.size() / 2];
 }
 
+// Training: median seconds of the forward (with lse) and of the backward, timed in the
+// same runs, and of their sum.
+struct TrainingSeconds {
+  double forward, backward, both;
+};
+TrainingSeconds time_training(const Point& p, int repeats, int threads) {
+  std::mt19937_64 rng(1);
+  const Tensor q = random_tensor(p.dtype, {1, p.heads_q, p.L, p.E}, rng);
+  const Tensor k = random_tensor(p.dtype, {1, p.heads_kv, p.S, p.E}, rng);
+  const Tensor v = random_tensor(p.dtype, {1, p.heads_kv, p.S, p.E}, rng);
+  const Tensor dout = random_tensor(p.dtype, {1, p.heads_q, p.L, p.E}, rng);
+  Tensor out(p.dtype, {1, p.heads_q, p.L, p.E}), lse(DType::float32, {1, p.heads_q, p.L});
+  Tensor dq(p.dtype, q.shape()), dk(p.dtype, k.shape()), dv(p.dtype, v.shape());
+  Options options;
+  options.causal = p.causal ? Causal::top_left : Causal::none;
+  options.num_threads = threads;
+  const ForwardOutputs outputs{out.view(), std::nullopt, lse.view()};
+  const BackwardInputs inputs{q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view()};
+  const BackwardOutputs grads{dq.view(), dk.view(), dv.view(), std::nullopt};
+  std::vector<double> f, b, both;
+  for (int r = 0; r <= repeats; ++r) {  // the first run warms up
+    const auto start = std::chrono::steady_clock::now();
+    forward(q.view(), k.view(), v.view(), outputs, options);
+    const auto middle = std::chrono::steady_clock::now();
+    backward(inputs, grads, options);
+    const auto end = std::chrono::steady_clock::now();
+    if (r == 0) continue;
+    f.push_back(std::chrono::duration<double>(middle - start).count());
+    b.push_back(std::chrono::duration<double>(end - middle).count());
+    both.push_back(std::chrono::duration<double>(end - start).count());
+  }
+  for (auto* x : {&f, &b, &both}) std::sort(x->begin(), x->end());
+  return {f[f.size() / 2], b[b.size() / 2], both[both.size() / 2]};
+}
+
 void progress(std::size_t done, std::size_t total, const std::string& what) {
   const int width = 30;
   const int filled = static_cast<int>(width * done / std::max<std::size_t>(total, 1));
@@ -102,10 +137,28 @@ int bench_command(const BenchArgs& args) {
   std::vector<Point> points = grid(args.quick);
   if (!args.filter.empty())
     std::erase_if(points, [&](const Point& p) { return p.name().find(args.filter) == std::string::npos; });
+  if (args.backward) std::erase_if(points, [](const Point& p) { return p.decode(); });  // training shapes only
   std::vector<std::string> lines;
   for (std::size_t n = 0; n < points.size(); ++n) {
     const Point& p = points[n];
     progress(n, points.size(), p.name());
+    if (args.backward) {
+      // FLOPs: the forward's count, the backward 2.5 times it (FlashAttention).
+      const TrainingSeconds t = time_training(p, args.repeats, threads);
+      const double peak = p.dtype == DType::bfloat16 && bf16.rate > 0 ? bf16.rate : fma.rate;
+      const double both = 3.5 * p.flops() / t.both / 1e9, back = 2.5 * p.flops() / t.backward / 1e9;
+      report["points"].push_back({{"dtype", dtype_name(p.dtype)}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
+                                  {"L", p.L}, {"S", p.S}, {"E", p.E}, {"causal", p.causal},
+                                  {"forward_seconds", t.forward}, {"backward_seconds", t.backward},
+                                  {"forward_backward_seconds", t.both}, {"forward_backward_gflops", both},
+                                  {"backward_gflops", back}, {"backward_fraction_of_fma_peak", back / fma.rate},
+                                  {"forward_backward_fraction_of_peak", both / peak}});
+      char line[240];
+      std::snprintf(line, sizeof line, "%-48s fwd+bwd %9.3f ms %7.1f GFLOP/s | bwd %9.3f ms %7.1f GFLOP/s %5.1f%% of FMA peak",
+                    p.name().c_str(), t.both * 1e3, both, t.backward * 1e3, back, 100 * back / fma.rate);
+      lines.emplace_back(line);
+      continue;
+    }
     const double seconds = time_point(p, args.repeats, threads);
     nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
                           {"L", p.L},  {"S", p.S}, {"E", p.E}, {"causal", p.causal}, {"seconds", seconds}};
@@ -138,6 +191,7 @@ int bench_command(const BenchArgs& args) {
   std::printf("probes: FMA %.1f GFLOP/s (%s), vdpbf16ps %.1f GFLOP/s, stream read %.1f GB/s\n", fma.rate, fma.what,
               bf16.rate, stream.rate);
   std::printf("median of %d runs, B = 1, E = Ev\n", args.repeats);
+  if (args.backward) std::printf("forward + backward: backward counted as 2.5x the forward's FLOPs\n");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   return kExitOk;
 }

@@ -52,6 +52,7 @@ struct BenchArgs {
   int repeats = 3;
   int threads = 0;
   std::string filter;  // run only the points whose name contains it
+  bool backward = false;  // time forward + backward (training) instead of the forward
 };
 int bench_command(const BenchArgs& args);
 

@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")->capture_default_str();
   bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->capture_default_str();
   bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
+  bench->add_flag("--backward", bench_args.backward,
+                  "Time forward + backward (training; backward counted as 2.5x the forward's FLOPs)");
 
   RunFlags run_flags;
   CheckArgs check_args;

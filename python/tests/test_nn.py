@@ -1,0 +1,284 @@
+"""sdpa.MultiheadAttention against torch.nn.MultiheadAttention with the same weights, in
+float64 (max error <= 1e-10): self- and cross-attention, kdim/vdim, key-padding and
+attention masks (bool and float, causal), batch_first both ways, unbatched inputs, the
+returned weights; weights loaded from the torch module, from state dicts and from
+safetensors files; decoding with the KV cache against one causal pass."""
+
+import itertools
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import sdpa
+
+TOL64 = 1e-10
+
+
+def torch_mha(embed=16, heads=4, kdim=None, vdim=None, batch_first=True, bias=True, dtype=torch.float64):
+    """A torch layer with random weights, biases included (torch starts them at 0)."""
+    m = torch.nn.MultiheadAttention(embed, heads, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+    m = m.to(dtype)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.3)
+    return m
+
+
+def inputs(n, l, s, embed, kdim, vdim, batch_first, dtype=torch.float64):
+    def shaped(length, width):
+        return torch.randn((n, length, width) if batch_first else (length, n, width), dtype=dtype)
+
+    return shaped(l, embed), shaped(s, kdim), shaped(s, vdim)
+
+
+def max_err(a, b):
+    return (a - b).abs().max().item()
+
+
+# Masks in torch's polarity (bool True = masked out). No row is ever fully masked: key 0
+# always stays (torch's MHA gives NaN there, sdpa 0; pinned separately below).
+def attn_mask(kind, n, heads, l, s):
+    if kind is None:
+        return None
+    causal = torch.triu(torch.ones(l, s, dtype=torch.bool), diagonal=1)
+    if kind == "causal_bool":
+        return causal
+    if kind == "causal_float":
+        return torch.zeros(l, s, dtype=torch.float64).masked_fill(causal, float("-inf"))
+    if kind == "per_head_bool":  # (N·H, L, S)
+        m = torch.rand(n * heads, l, s) < 0.4
+        m[..., 0] = False
+        return m
+    if kind == "float":
+        return torch.randn(l, s, dtype=torch.float64)
+    raise ValueError(kind)
+
+
+def padding_mask(kind, n, s):
+    if kind is None:
+        return None
+    pad = torch.zeros(n, s, dtype=torch.bool)
+    for b in range(n):
+        pad[b, s - 1 - b:] = True  # batch b: its last b + 1 keys are padding
+    pad[:, 0] = False
+    if kind == "bool":
+        return pad
+    return torch.zeros(n, s, dtype=torch.float64).masked_fill(pad, float("-inf")) + torch.randn(n, s, dtype=torch.float64)
+
+
+LAYOUTS = {
+    "self": dict(embed=16, heads=4, kdim=None, vdim=None, l=6, s=6),
+    "cross": dict(embed=16, heads=4, kdim=None, vdim=None, l=5, s=7),
+    "cross_kvdim": dict(embed=12, heads=3, kdim=8, vdim=20, l=7, s=4),
+}
+MASKS = [None, "causal_bool", "causal_float", "per_head_bool", "float"]
+PADDINGS = [None, "bool", "float"]
+
+
+def compatible(mask, padding):
+    # torch deprecates mixing a bool and a float mask in one call; sdpa accepts it.
+    if mask is None or padding is None:
+        return True
+    return ("bool" in mask) == (padding == "bool")
+
+
+CASES = [c for c in itertools.product([True, False], LAYOUTS, MASKS, PADDINGS) if compatible(c[2], c[3])]
+
+
+@pytest.mark.parametrize("batch_first,layout,mask_kind,padding_kind", CASES)
+def test_matches_torch_multihead_attention_in_float64(batch_first, layout, mask_kind, padding_kind):
+    cfg = LAYOUTS[layout]
+    n, heads = 3, cfg["heads"]
+    kdim, vdim = cfg["kdim"] or cfg["embed"], cfg["vdim"] or cfg["embed"]
+    ref = torch_mha(cfg["embed"], heads, cfg["kdim"], cfg["vdim"], batch_first)
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    q, k, v = inputs(n, cfg["l"], cfg["s"], cfg["embed"], kdim, vdim, batch_first)
+    if layout == "self":
+        k = v = q
+    mask = attn_mask(mask_kind, n, heads, cfg["l"], cfg["s"])
+    pad = padding_mask(padding_kind, n, cfg["s"])
+    expected, expected_w = ref(q, k, v, key_padding_mask=pad, attn_mask=mask)
+    got, got_w = ours(q, k, v, key_padding_mask=pad, attn_mask=mask)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
+    assert got.shape == expected.shape
+    assert max_err(got, expected) <= TOL64
+    assert got_w.shape == expected_w.shape
+    assert max_err(got_w, expected_w) <= TOL64
+
+
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_weights_per_head_averaged_or_none(need_weights, average):
+    ref = torch_mha(batch_first=False)
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    q, k, v = inputs(2, 5, 8, 16, 16, 16, batch_first=False)
+    expected, expected_w = ref(q, k, v, need_weights=need_weights, average_attn_weights=average)
+    got, got_w = ours(q, k, v, need_weights=need_weights, average_attn_weights=average)
+    assert max_err(got, expected) <= TOL64
+    if not need_weights:
+        assert got_w is None and expected_w is None
+    else:
+        assert got_w.shape == expected_w.shape
+        assert max_err(got_w, expected_w) <= TOL64
+
+
+def test_unbatched_inputs_with_masks():
+    ref = torch_mha()
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    x = torch.randn(6, 16, dtype=torch.float64)
+    mask = attn_mask("causal_bool", 1, 4, 6, 6)
+    pad = torch.tensor([False, False, False, False, True, True])
+    expected, expected_w = ref(x, x, x, key_padding_mask=pad, attn_mask=mask)
+    got, got_w = ours(x, x, x, key_padding_mask=pad, attn_mask=mask)
+    assert got.shape == (6, 16) and got_w.shape == (6, 6)
+    assert max_err(got, expected) <= TOL64 and max_err(got_w, expected_w) <= TOL64
+
+
+def test_eval_mode_fast_path_agrees():
+    ref = torch_mha(batch_first=True).eval()
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    with torch.inference_mode():
+        expected, _ = ref(x, x, x, need_weights=False)
+        got, _ = ours(x, need_weights=False)  # key and value default to the query
+    assert max_err(got, expected) <= TOL64
+
+
+def test_is_causal_alone_is_the_causal_mask():
+    ref = torch_mha()
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    expected, _ = ref(x, x, x, attn_mask=attn_mask("causal_bool", 2, 4, 7, 7), is_causal=True)
+    got, _ = ours(x, x, x, is_causal=True)  # torch wants the mask too; sdpa builds it
+    assert max_err(got, expected) <= TOL64
+
+
+def test_float32_layer_agrees_with_torch():
+    ref = torch_mha(dtype=torch.float32)
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    assert ours.dtype == "float32"
+    q, k, v = inputs(2, 6, 6, 16, 16, 16, True, dtype=torch.float32)
+    expected, _ = ref(q, k, v, attn_mask=attn_mask("causal_bool", 2, 4, 6, 6))
+    got, _ = ours(q, k, v, attn_mask=attn_mask("causal_bool", 2, 4, 6, 6))
+    assert got.dtype == torch.float32
+    assert max_err(got, expected) <= 1e-5 * max(1.0, expected.abs().max().item())
+
+
+def test_numpy_in_numpy_out():
+    ref = torch_mha(batch_first=False)
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    q, k, v = inputs(2, 4, 5, 16, 16, 16, batch_first=False)
+    pad = padding_mask("bool", 2, 5)
+    expected, expected_w = ref(q, k, v, key_padding_mask=pad)
+    got, got_w = ours(q.numpy(), k.numpy(), v.numpy(), key_padding_mask=pad.numpy())
+    assert isinstance(got, np.ndarray) and isinstance(got_w, np.ndarray)
+    assert got.flags.c_contiguous
+    assert np.abs(got - expected.detach().numpy()).max() <= TOL64
+    assert np.abs(got_w - expected_w.detach().numpy()).max() <= TOL64
+
+
+def test_fully_masked_rows_give_the_output_bias():
+    # torch's MHA gives NaN for a query that may see no key; sdpa gives attention 0, so
+    # the layer's output there is out_proj.bias (docs/semantics.md).
+    ref = torch_mha()
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    x = torch.randn(1, 3, 16, dtype=torch.float64)
+    mask = torch.zeros(3, 3, dtype=torch.bool)
+    mask[1, :] = True  # query 1 sees nothing
+    got, weights = ours(x, x, x, attn_mask=mask)
+    assert torch.isfinite(got).all()
+    assert max_err(got[0, 1], ref.out_proj.bias.detach()) <= TOL64
+    assert weights[0, 1].abs().max().item() == 0
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """The huggingface/safetensors layout, written independently of sdpa: 8-byte header
+    length, JSON header padded to 8 bytes, then the data in order."""
+    codes = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.int64: "I64"}
+    header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_loads_torch_weights_from_a_safetensors_file(tmp_path):
+    ref = torch_mha(batch_first=True)
+    path = tmp_path / "model.safetensors"
+    state = {"encoder.attn." + k: v for k, v in ref.state_dict().items()}
+    state["encoder.position_ids"] = torch.arange(6)  # an int64 tensor elsewhere in the file
+    write_safetensors(path, state, {"format": "pt"})
+    ours = sdpa.MultiheadAttention.from_safetensors(path, 16, 4, prefix="encoder.attn.", batch_first=True,
+                                                    dtype="float64")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    assert max_err(ours(x, x, x)[0], ref(x, x, x)[0]) <= TOL64
+
+
+def test_saved_weights_load_back_and_into_torch(tmp_path):
+    ours = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64", seed=3)
+    ours.load_state_dict({k: torch.randn(*v.shape, dtype=torch.float64) for k, v in ours.state_dict().items()})
+    path = tmp_path / "layer.safetensors"
+    ours.save_safetensors(path, {"note": "x"})
+    again = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64", seed=4)
+    again.load_safetensors(path)
+    for name, value in ours.state_dict().items():
+        assert np.array_equal(again.state_dict()[name], value), name
+    # sdpa's names map onto torch's: in_proj_weight = [W_q; W_k; W_v].
+    sd = ours.state_dict()
+    ref = torch_mha(batch_first=True)
+    ref.load_state_dict({
+        "in_proj_weight": torch.from_numpy(np.concatenate([sd["q_proj.weight"], sd["k_proj.weight"], sd["v_proj.weight"]])),
+        "in_proj_bias": torch.from_numpy(np.concatenate([sd["q_proj.bias"], sd["k_proj.bias"], sd["v_proj.bias"]])),
+        "out_proj.weight": torch.from_numpy(sd["out_proj.weight"]),
+        "out_proj.bias": torch.from_numpy(sd["out_proj.bias"]),
+    })
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    assert max_err(again(x)[0], ref(x, x, x)[0]) <= TOL64
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+def test_kv_cache_decoding_equals_one_causal_pass(layout):
+    layer = sdpa.MultiheadAttention(32, 8, num_kv_heads=2, rope={"layout": layout}, batch_first=True,
+                                    dtype=torch.float64, seed=5).eval()
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    whole, _ = layer(x, is_causal=True, need_weights=False)
+    cache = layer.make_cache(batch=2)
+    steps = [layer(x[:, :4], is_causal=True, cache=cache, need_weights=False)[0]]  # prefill
+    for t in range(4, 10):
+        steps.append(layer(x[:, t:t + 1], is_causal=True, cache=cache, need_weights=False)[0])
+    assert cache.length == 10
+    assert max_err(torch.cat(steps, dim=1), whole) <= 1e-12
+
+
+def test_errors_name_the_argument():
+    layer = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64")
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match="query"):
+        layer(x.float())
+    with pytest.raises(ValueError, match="query"):
+        layer(torch.randn(2, 3, 15, dtype=torch.float64))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        layer(x, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="num_heads"):
+        sdpa.MultiheadAttention(10, 3)
+    with pytest.raises(NotImplementedError):
+        sdpa.MultiheadAttention(16, 4, add_bias_kv=True)
+    state = layer.state_dict()
+    state["out_proj.weight"] = np.zeros((3, 3))
+    with pytest.raises(ValueError, match=r"out_proj.weight: expected shape \(16, 16\)"):
+        layer.load_state_dict(state)
+    del state["out_proj.weight"]
+    with pytest.raises(ValueError, match="out_proj.weight"):
+        layer.load_state_dict(state)
