@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all setup python build demo test test-release test-sanitize test-fuzz clean
+.PHONY: all setup python python-package build demo test test-release test-python test-examples test-sanitize test-fuzz clean
 
 all: build
 
@@ -14,6 +14,11 @@ setup:
 python: setup
 	@scripts/python_env.sh
 
+# The sdpa Python package, built and installed into .venv (skipped when its sources are
+# unchanged since the last install).
+python-package: python
+	@scripts/python_env.sh --package
+
 build: setup python
 	cmake --preset release -DSDPA_PYTHON=$(PYTHON) > /dev/null
 	cmake --build --preset release -j $(JOBS)
@@ -22,11 +27,19 @@ demo: build
 	./build/release/sdpa demo
 
 # Every test: the C++ suite and the CLI checks, the C++ suite again under ASan + UBSan,
-# then the .npy fuzzer for FUZZ_SECONDS.
-test: test-release test-sanitize test-fuzz
+# then the .npy fuzzer for FUZZ_SECONDS and the safetensors fuzzer for 30 s.
+# The Python package's suite (pytest + hypothesis against PyTorch) runs after the C++ suite,
+# then the training example (examples/tiny_lm.py: sdpa's backward against torch's, step by step).
+test: test-release test-python test-examples test-sanitize test-fuzz
 
 test-release: build
 	ctest --preset release -j $(JOBS)
+
+test-python: python-package
+	SDPA_MIN_EXAMPLES=2000 $(PYTHON) -m pytest python/tests -q
+
+test-examples: python-package
+	$(PYTHON) examples/tiny_lm.py
 
 test-sanitize: setup
 	cmake --preset sanitize > /dev/null
@@ -35,7 +48,7 @@ test-sanitize: setup
 
 test-fuzz: setup
 	cmake --preset fuzz > /dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target npy_fuzzer
+	cmake --build --preset fuzz -j $(JOBS) --target npy_fuzzer safetensors_fuzzer
 	fuzz/run.sh build/fuzz $(FUZZ_SECONDS)
 
 clean:

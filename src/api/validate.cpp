@@ -81,6 +81,7 @@ Span check_view(const TensorView& view, const std::string& name) {
 // Outputs are written in parallel: no two elements may share memory. Sufficient test:
 // ordered by |stride|, each stride steps past everything the smaller ones reach.
 void check_no_self_overlap(const TensorView& view, const std::string& name) {
+  if (view.numel() == 0) return;  // nothing is written (NumPy gives empty arrays zero strides)
   const Shape strides = view.effective_strides();
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (|stride|, size)
   for (std::size_t d = 0; d < view.shape.size(); ++d)
@@ -242,23 +243,19 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
   return in;
 }
 
-Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
-  const TensorView& query = *in.query;
-  const Options& options = *in.options;
+namespace {
 
-  struct Output {
-    const TensorView* view;
-    const char* name;
-    const Shape* shape;
-    DType dtype;
-  };
-  std::vector<Output> outs{{&outputs.output, "output", &in.output_shape, query.dtype}};
-  if (outputs.weights) outs.push_back({&*outputs.weights, "weights", &in.weights_shape, query.dtype});
-  if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &in.lse_shape, in.lse_dtype});
+// An output buffer to check: its view, name, and the shape and dtype it must have.
+struct Output {
+  const TensorView* view;
+  const char* name;
+  const Shape* shape;
+  DType dtype;
+};
 
-  std::vector<Span> input_spans{check_view(query, "query"), check_view(*in.key, "key"),
-                                check_view(*in.value, "value")};
-  if (options.mask) input_spans.push_back(check_view(*options.mask, "mask"));
+// Checks each output's dtype, shape and strides, that no two of its elements share
+// memory, and that it overlaps neither an input (`input_spans`) nor another output.
+void check_outputs(const std::vector<Output>& outs, const std::vector<Span>& input_spans) {
   std::vector<Span> output_spans;
   for (const Output& o : outs) {
     if (o.view->dtype != o.dtype)
@@ -274,7 +271,19 @@ Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
       if (span.overlaps(other)) fail(o.name, "expected a buffer apart from the other outputs, got an overlap");
     output_spans.push_back(span);
   }
+}
 
+// The spans of query, key, value and the mask.
+std::vector<Span> input_spans_of(const CheckedInputs& in) {
+  std::vector<Span> spans{check_view(*in.query, "query"), check_view(*in.key, "key"), check_view(*in.value, "value")};
+  if (in.options->mask) spans.push_back(check_view(*in.options->mask, "mask"));
+  return spans;
+}
+
+// The input side of a Problem: sizes, query/key/value/mask operands, the scalars.
+Problem resolve_inputs(const CheckedInputs& in) {
+  const TensorView& query = *in.query;
+  const Options& options = *in.options;
   Problem p;
   p.batch = 1;
   for (std::int64_t size : in.batch_shape) p.batch *= size;
@@ -292,15 +301,6 @@ Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
                           broadcast_mask_strides(*options.mask, in.weights_shape));
     p.mask_is_bool = options.mask->dtype == DType::boolean;
   }
-  p.output = make_operand(outputs.output, in.batch_shape, in.heads_q, outputs.output.effective_strides());
-  if (outputs.weights)
-    p.weights = make_operand(*outputs.weights, in.batch_shape, in.heads_q, outputs.weights->effective_strides());
-  if (outputs.lse) {
-    // lse is (batch..., Hq, L): view it as (batch..., Hq, L, 1) so rows are queries.
-    Shape strides = outputs.lse->effective_strides();
-    strides.push_back(0);
-    p.lse = make_operand(*outputs.lse, in.batch_shape, in.heads_q, strides);
-  }
   p.causal = options.causal;
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(in.E));
   p.dropout_p = options.dropout_p;
@@ -309,6 +309,101 @@ Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
   p.num_threads = options.num_threads;
   p.float64 = query.dtype == DType::float64;
   return p;
+}
+
+// lse is (batch..., Hq, L): viewed as (batch..., Hq, L, 1) so that rows are queries.
+Operand lse_operand(const TensorView& lse, const CheckedInputs& in) {
+  Shape strides = lse.effective_strides();
+  strides.push_back(0);
+  return make_operand(lse, in.batch_shape, in.heads_q, strides);
+}
+
+}  // namespace
+
+Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
+  const TensorView& query = *in.query;
+  std::vector<Output> outs{{&outputs.output, "output", &in.output_shape, query.dtype}};
+  if (outputs.weights) outs.push_back({&*outputs.weights, "weights", &in.weights_shape, query.dtype});
+  if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &in.lse_shape, in.lse_dtype});
+  check_outputs(outs, input_spans_of(in));
+
+  Problem p = resolve_inputs(in);
+  p.output = make_operand(outputs.output, in.batch_shape, in.heads_q, outputs.output.effective_strides());
+  if (outputs.weights)
+    p.weights = make_operand(*outputs.weights, in.batch_shape, in.heads_q, outputs.weights->effective_strides());
+  if (outputs.lse) p.lse = lse_operand(*outputs.lse, in);
+  return p;
+}
+
+CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInputs& tensors,
+                                      const BackwardOutputs& outputs) {
+  const TensorView& query = *in.query;
+  const Options& options = *in.options;
+
+  // The forward's results and dO: read-only, so any strides (an expanded dO of ones is
+  // what autograd hands over for a sum), but the shapes and dtypes the forward gives.
+  struct Read {
+    const TensorView* view;
+    const char* name;
+    const Shape* shape;
+    DType dtype;
+  };
+  const Read reads[] = {{&tensors.output, "output", &in.output_shape, query.dtype},
+                        {&tensors.lse, "lse", &in.lse_shape, in.lse_dtype},
+                        {&tensors.grad_output, "grad_output", &in.output_shape, query.dtype}};
+  std::vector<Span> input_spans = input_spans_of(in);
+  for (const Read& r : reads) {
+    if (r.view->dtype != r.dtype)
+      fail(r.name, std::string("expected dtype ") + dtype_name(r.dtype) + ", got " + dtype_name(r.view->dtype),
+           ErrorKind::type);
+    if (r.view->shape != *r.shape)
+      fail(r.name, "expected shape " + to_string(*r.shape) + ", got " + to_string(r.view->shape));
+    input_spans.push_back(check_view(*r.view, r.name));
+  }
+
+  std::vector<Output> outs{{&outputs.grad_query, "grad_query", &query.shape, query.dtype},
+                           {&outputs.grad_key, "grad_key", &in.key->shape, query.dtype},
+                           {&outputs.grad_value, "grad_value", &in.value->shape, query.dtype}};
+  if (outputs.grad_mask) {
+    if (!options.mask) fail("grad_mask", "expected no buffer when there is no mask, got one");
+    if (options.mask->dtype == DType::boolean)
+      fail("grad_mask", "expected no buffer for a bool mask (it has no gradient), got one");
+    outs.push_back({&*outputs.grad_mask, "grad_mask", &options.mask->shape, options.mask->dtype});
+  }
+  check_outputs(outs, input_spans);
+
+  CheckedBackward checked;
+  BackwardProblem& p = checked.problem;
+  static_cast<Problem&>(p) = resolve_inputs(in);
+  p.output = make_operand(tensors.output, in.batch_shape, in.heads_q, tensors.output.effective_strides());
+  p.lse = lse_operand(tensors.lse, in);
+  p.grad_output =
+      make_operand(tensors.grad_output, in.batch_shape, in.heads_q, tensors.grad_output.effective_strides());
+  p.grad_query = make_operand(outputs.grad_query, in.batch_shape, in.heads_q, outputs.grad_query.effective_strides());
+  p.grad_key = make_operand(outputs.grad_key, in.batch_shape, in.heads_kv, outputs.grad_key.effective_strides());
+  p.grad_value = make_operand(outputs.grad_value, in.batch_shape, in.heads_kv, outputs.grad_value.effective_strides());
+  if (outputs.grad_mask) {
+    // Summed where the mask has size 1 (or no dim) and the scores have more.
+    const Shape& mask_shape = outputs.grad_mask->shape;
+    const Shape& target = in.weights_shape;
+    for (std::size_t t = 0; t < target.size(); ++t) {
+      const std::size_t missing = target.size() - mask_shape.size();
+      const std::int64_t size = t < missing ? 1 : mask_shape[t - missing];
+      if (size != target[t]) checked.mask_gradient_sums = true;
+    }
+    if (!checked.mask_gradient_sums)
+      p.grad_mask = make_operand(*outputs.grad_mask, in.batch_shape, in.heads_q,
+                                 broadcast_mask_strides(*outputs.grad_mask, target));
+  }
+  return checked;
+}
+
+Operand full_scores_operand(const TensorView& scores, const CheckedInputs& in) {
+  return make_operand(scores, in.batch_shape, in.heads_q, scores.effective_strides());
+}
+
+std::vector<std::int64_t> mask_broadcast_strides(const TensorView& mask, const std::vector<std::int64_t>& target) {
+  return broadcast_mask_strides(mask, target);
 }
 
 }  // namespace sdpa::detail

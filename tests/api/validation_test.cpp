@@ -194,6 +194,14 @@ TEST(Validation, OverlappingOutputs) {
   expect_rejected(c, "lse", {"apart from the other outputs"}, &outputs);
 }
 
+// An empty output writes nothing, so zero strides (NumPy's for empty arrays) are fine.
+TEST(Validation, EmptyOutputWithZeroStridesIsAccepted) {
+  float q[1], k[2], v[2], o[1];
+  const ForwardOutputs outputs{{o, DType::float32, {0, 2}, {0, 0}}, std::nullopt, std::nullopt};
+  EXPECT_NO_THROW(forward({q, DType::float32, {0, 2}}, {k, DType::float32, {1, 2}}, {v, DType::float32, {1, 2}},
+                          outputs));
+}
+
 TEST(Validation, StridesMustMatchRank) {
   Call c = valid_call();
   TensorView q = c.q.view();

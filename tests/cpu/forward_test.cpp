@@ -246,8 +246,9 @@ TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfNeverNaN) {
   for (std::int64_t i = 0; i < r.output.numel(); ++i) EXPECT_FALSE(std::isnan(r.output.get(i)));
 }
 
-// A float mask of −1e9 everywhere is not "fully masked": the formula gives the uniform
-// softmax (seeds 001, 004 mask with −1e9).
+// A float mask of −1e9 everywhere is not "fully masked". In float32, s − 1e9 rounds to
+// −1e9 for every score (floats near 1e9 are 64 apart), so the softmax is uniform, as
+// seeds 001 and 004 observe — not 0, and not NaN.
 TEST(CpuForward, MinusOneBillionMaskGivesUniformWeights) {
   std::mt19937_64 rng(6);
   const Tensor q = random_tensor(DType::float32, {1, 3, 8}, rng), k = random_tensor(DType::float32, {1, 5, 8}, rng),

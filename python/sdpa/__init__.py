@@ -1,0 +1,24 @@
+"""sdpa: exact scaled dot-product attention, softmax(Q Kᵀ · scale + mask) V.
+
+    import sdpa
+    out = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=False)  # torch's
+    out, weights = sdpa.attention(q, k, v, m, causal="bottom_right", return_weights=True)
+
+Both take torch tensors or NumPy arrays and return the same kind, reading the inputs in
+place through DLPack whatever their strides. The semantics are PyTorch's; the few places
+where sdpa differs are in docs/semantics.md ("Python").
+"""
+
+from . import _core
+from ._api import attention, scaled_dot_product_attention
+from .nn import KVCache, MultiheadAttention
+
+__version__ = _core.version()
+
+
+def runtime_info() -> dict:
+    """What the C++ library found on this machine: version, CPU features, kernel, threads."""
+    return _core.runtime_info()
+
+
+__all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention", "KVCache", "runtime_info", "__version__"]
