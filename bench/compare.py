@@ -8,6 +8,11 @@ with L = S) for both and the ratio ours/torch, over the grid of issue #4.
 
     .venv/bin/python bench/compare.py            # full grid (L = S up to 8192)
     .venv/bin/python bench/compare.py --quick    # L = S in {512, 2048}
+    .venv/bin/python bench/compare.py --backward # training: forward + backward through autograd
+
+--backward times loss = Σ out ∘ dO, then loss.backward(), through torch's autograd on both
+sides (ours: sdpa's custom op and its C++ backward), and counts the backward as 2.5 times
+the forward's FLOPs (FlashAttention); the decode points are skipped.
 """
 import argparse
 import json
@@ -63,22 +68,52 @@ def measure(p, repeats):
     return statistics.median(times["ours"]), statistics.median(times["torch"]), error
 
 
+def measure_backward(p, repeats):
+    """Median seconds of forward + backward for ours and torch's (alternating), and the
+    largest gradient difference."""
+    gen = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(1, p[h], p[n], p["E"], generator=gen).to(p["dtype"]).requires_grad_()
+              for h, n in (("heads_q", "L"), ("heads_kv", "S"), ("heads_kv", "S"))]
+    dout = torch.randn(1, p["heads_q"], p["L"], p["E"], generator=gen).to(p["dtype"])
+    gqa = p["heads_q"] != p["heads_kv"]
+
+    def step(attention):
+        out = attention(*leaves, is_causal=p["causal"], enable_gqa=gqa)
+        return torch.autograd.grad(out, leaves, dout)
+
+    ours = lambda: step(sdpa.scaled_dot_product_attention)
+    theirs = lambda: step(F.scaled_dot_product_attention)
+    error = max((a.double() - b.double()).abs().max().item() for a, b in zip(ours(), theirs()))  # + warm-up
+    times = {"ours": [], "torch": []}
+    for _ in range(repeats):
+        for label, fn in (("ours", ours), ("torch", theirs)):
+            start = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - start)
+    return statistics.median(times["ours"]), statistics.median(times["torch"]), error
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="skip L = S = 8192")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each (median), at least 5")
     parser.add_argument("--filter", default="", help="only points whose name contains this")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--backward", action="store_true",
+                        help="forward + backward through autograd (backward counted as 2.5x the forward)")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     info = sdpa.runtime_info()
     rows = []
     points = [p for p in grid(args.quick) if args.filter in name(p)]
+    if args.backward:
+        points = [p for p in points if p["L"] > 16]  # training shapes only
     for n, p in enumerate(points):
         print(f"\r[{n}/{len(points)}] {name(p):60s}", end="", file=sys.stderr, flush=True)
-        ours, theirs, error = measure(p, max(args.repeats, 5))
+        ours, theirs, error = (measure_backward if args.backward else measure)(p, max(args.repeats, 5))
+        counted = flops(p) * (3.5 if args.backward else 1.0)
         rows.append(dict(name=name(p), ours_ms=ours * 1e3, torch_ms=theirs * 1e3,
-                         ours_gflops=flops(p) / ours / 1e9, torch_gflops=flops(p) / theirs / 1e9,
+                         ours_gflops=counted / ours / 1e9, torch_gflops=counted / theirs / 1e9,
                          ratio=theirs / ours, max_abs_diff=error))
     print(file=sys.stderr)
     if args.json:
@@ -87,6 +122,8 @@ def main():
         return
     print(f"sdpa {sdpa.__version__} ({info['cpu_kernel']}) vs torch {torch.__version__}, {threads} threads, "
           f"median of {max(args.repeats, 5)} alternating runs")
+    if args.backward:
+        print("forward + backward through autograd; GFLOP/s count the backward as 2.5x the forward")
     print(f"| {'point':48s} | sdpa GFLOP/s | torch GFLOP/s | ratio | max abs diff |")
     print(f"|{'-' * 50}|-------------:|--------------:|------:|-------------:|")
     for r in rows:

@@ -154,7 +154,8 @@ int bench_command(const BenchArgs& args) {
                                   {"backward_gflops", back}, {"backward_fraction_of_fma_peak", back / fma.rate},
                                   {"forward_backward_fraction_of_peak", both / peak}});
       char line[240];
-      std::snprintf(line, sizeof line, "%-48s fwd+bwd %9.3f ms %7.1f GFLOP/s | bwd %9.3f ms %7.1f GFLOP/s %5.1f%% of FMA peak",
+      std::snprintf(line, sizeof line,
+                    "%-48s fwd+bwd %9.3f ms %7.1f GFLOP/s | bwd %9.3f ms %7.1f GFLOP/s %5.1f%% of FMA peak",
                     p.name().c_str(), t.both * 1e3, both, t.backward * 1e3, back, 100 * back / fma.rate);
       lines.emplace_back(line);
       continue;

@@ -53,6 +53,50 @@ ForwardResult forward(const TensorView& query, const TensorView& key,
                       const TensorView& value, const Options& options = {},
                       Returns returns = {});
 
+// ---- Backward ----------------------------------------------------------------------
+//
+// Gradients of a loss through output = softmax(Q Kᵀ · scale + mask) V, given dO:
+//   P  = exp(Q Kᵀ · scale + mask − lse)     recomputed, never stored whole
+//   W  = P ∘ Z                               Z = keep/(1−p): the forward's dropout mask
+//   dV = Wᵀ dO,   dP = (dO Vᵀ) ∘ Z,   D = rowsum(dO ∘ O)
+//   dS = P ∘ (dP − D)
+//   dQ = scale · dS K,   dK = scale · dSᵀ Q,   dmask = dS (summed over broadcast dims)
+// GQA: dK and dV of a KV head sum over the query heads of its group.
+
+// What backward() reads. query, key, value and the options (mask, causal, scale,
+// dropout seed and offset) must be those of the forward call; output and lse are what
+// it returned (lse as ForwardOutputs::lse: float32, float64 for float64 inputs).
+// grad_output is dL/d(output). All read-only, any strides (stride 0 included).
+struct BackwardInputs {
+  TensorView query, key, value;
+  TensorView output;       // (..., Hq, L, Ev), dtype of the query
+  TensorView lse;          // (..., Hq, L)
+  TensorView grad_output;  // (..., Hq, L, Ev), dtype of the query
+};
+
+// Caller-provided buffers for backward(), each the shape and dtype of what it is the
+// gradient of. grad_mask only for a floating-point mask: the mask's own shape and dtype,
+// the full gradient summed over the dims the mask broadcasts along. Any strides, as long
+// as no two elements overlap and no buffer overlaps another or an input.
+struct BackwardOutputs {
+  TensorView grad_query, grad_key, grad_value;
+  std::optional<TensorView> grad_mask;
+};
+
+// Computes the gradients into caller buffers. Validates everything first and throws
+// sdpa::Error naming the argument at fault; on error nothing has been written. Bitwise
+// the same results for any thread count.
+void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, const Options& options = {});
+
+// What the allocating backward() returns; grad_mask is empty unless asked for.
+struct BackwardResult {
+  Tensor grad_query, grad_key, grad_value, grad_mask;
+};
+
+// Allocating form: returns packed tensors. `mask_gradient` asks for grad_mask (a float
+// mask must be given).
+BackwardResult backward(const BackwardInputs& inputs, const Options& options = {}, bool mask_gradient = false);
+
 // The version string ("0.1.0").
 const char* version();
 

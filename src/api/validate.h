@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "common/backward_problem.h"
 #include "common/problem.h"
 #include "sdpa/sdpa.h"
 
@@ -24,5 +25,27 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
 
 // Checks the output buffers against `inputs` and resolves everything into a Problem.
 Problem make_problem(const CheckedInputs& inputs, const ForwardOutputs& outputs);
+
+// A backward call, checked and resolved.
+struct CheckedBackward {
+  BackwardProblem problem;
+  // The mask gradient sums over broadcast dims. problem.grad_mask is then absent: the
+  // caller points it at a full-size scratch (full_scores_operand) and sums that into the
+  // grad_mask buffer afterwards, in a fixed order.
+  bool mask_gradient_sums = false;
+};
+
+// Checks the backward's read-only tensors (output, lse, grad_output: shapes and dtypes
+// as the forward gives them, any strides) and the gradient buffers (shapes and dtypes of
+// query, key, value and the mask, no overlap), and resolves everything.
+CheckedBackward make_backward_problem(const CheckedInputs& inputs, const BackwardInputs& tensors,
+                                      const BackwardOutputs& outputs);
+
+// The operand of a tensor shaped like the scores, (batch..., Hq, L, S), any strides.
+Operand full_scores_operand(const TensorView& scores, const CheckedInputs& inputs);
+
+// The strides (in elements of `mask`) that broadcast `mask` to `target`: 0 along the
+// dims it lacks or has size 1 in.
+std::vector<std::int64_t> mask_broadcast_strides(const TensorView& mask, const std::vector<std::int64_t>& target);
 
 }  // namespace sdpa::detail

@@ -1,0 +1,113 @@
+// The backward entry points: validate once, then dispatch to a backend. The pieces of
+// the contract that are not kernel work live here: zero gradients where there is
+// nothing to compute, and the mask gradient's sum over the dims the mask broadcasts.
+#include "cpu/backward.h"
+
+#include <cstring>
+#include <vector>
+
+#include "api/validate.h"
+#include "common/element.h"
+#include "reference/backward.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa {
+
+namespace {
+
+// Visits every element of `view` in row-major order of its shape, with its element offset.
+template <class Visit>
+void for_each_offset(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides, Visit visit) {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape) count *= size;
+  std::vector<std::int64_t> index(shape.size(), 0);
+  std::int64_t offset = 0;
+  for (std::int64_t flat = 0; flat < count; ++flat) {
+    visit(flat, offset);
+    for (std::size_t d = shape.size(); d-- > 0;) {  // next row-major index, offset kept in step
+      offset += strides[d];
+      if (++index[d] < shape[d]) break;
+      offset -= strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+void fill_zero(const TensorView& view) {
+  const std::size_t element = dtype_size(view.dtype);
+  auto* data = static_cast<std::byte*>(view.data);
+  for_each_offset(view.shape, view.effective_strides(), [&](std::int64_t, std::int64_t offset) {
+    std::memset(data + offset * static_cast<std::int64_t>(element), 0, element);  // +0.0 in every float dtype
+  });
+}
+
+// grad_mask[m] = Σ dS[t] over the score positions t that mask element m broadcasts to,
+// summed in float64 in row-major order of t: the same order, hence the same bits, for
+// any thread count.
+void sum_mask_gradient(const Tensor& full, const TensorView& grad_mask, const std::vector<std::int64_t>& target) {
+  Tensor sums(DType::float64, grad_mask.shape);
+  const std::vector<std::int64_t> into = detail::mask_broadcast_strides(sums.view(), target);
+  auto* acc = static_cast<double*>(sums.data());
+  // Walk the scores in order; `offset` follows the broadcast strides into `sums`.
+  for_each_offset(target, into, [&](std::int64_t flat, std::int64_t offset) { acc[offset] += full.get(flat); });
+  auto* out = static_cast<std::byte*>(grad_mask.data);
+  const std::int64_t element = static_cast<std::int64_t>(dtype_size(grad_mask.dtype));
+  for_each_offset(grad_mask.shape, grad_mask.effective_strides(), [&](std::int64_t flat, std::int64_t offset) {
+    detail::store_element<double>(out + offset * element, grad_mask.dtype, acc[flat]);
+  });
+}
+
+}  // namespace
+
+void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, const Options& options) {
+  const detail::CheckedInputs checked = detail::check_inputs(inputs.query, inputs.key, inputs.value, options);
+  detail::CheckedBackward call = detail::make_backward_problem(checked, inputs, outputs);
+  detail::BackwardProblem& problem = call.problem;
+
+  // Kernels skip what no query sees (causal, fully masked tiles): the mask gradient there
+  // is 0, and so is every gradient when there are no rows or no keys.
+  Tensor full_mask_gradient;
+  if (outputs.grad_mask) {
+    if (call.mask_gradient_sums) {
+      full_mask_gradient = Tensor(problem.float64 ? DType::float64 : DType::float32, checked.weights_shape);
+      problem.grad_mask = detail::full_scores_operand(full_mask_gradient.view(), checked);
+    } else {
+      fill_zero(*outputs.grad_mask);
+    }
+  }
+  if (problem.batch * problem.heads_q * problem.L == 0 || problem.S == 0) {
+    for (const TensorView* g : {&outputs.grad_query, &outputs.grad_key, &outputs.grad_value}) fill_zero(*g);
+  } else {
+    switch (options.backend) {
+      case Backend::reference:
+        detail::reference_backward(problem);
+        break;
+      case Backend::automatic:
+      case Backend::cpu:
+        detail::cpu_backward(problem);
+        break;
+    }
+  }
+  if (call.mask_gradient_sums) sum_mask_gradient(full_mask_gradient, *outputs.grad_mask, checked.weights_shape);
+}
+
+BackwardResult backward(const BackwardInputs& inputs, const Options& options, bool mask_gradient) {
+  detail::check_inputs(inputs.query, inputs.key, inputs.value, options);  // before sizing anything by them
+  BackwardResult result;
+  const DType dtype = inputs.query.dtype;
+  result.grad_query = Tensor(dtype, inputs.query.shape);
+  result.grad_key = Tensor(dtype, inputs.key.shape);
+  result.grad_value = Tensor(dtype, inputs.value.shape);
+  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view(), std::nullopt};
+  if (mask_gradient) {
+    // A missing or bool mask is reported by the checks below, naming grad_mask.
+    const bool float_mask = options.mask && options.mask->dtype != DType::boolean;
+    result.grad_mask = Tensor(float_mask ? options.mask->dtype : dtype,
+                              float_mask ? options.mask->shape : std::vector<std::int64_t>{0});
+    outputs.grad_mask = result.grad_mask.view();
+  }
+  backward(inputs, outputs, options);
+  return result;
+}
+
+}  // namespace sdpa

@@ -1,0 +1,212 @@
+// Portable tiled backward (FlashAttention-2's, Dao 2023, made deterministic without
+// atomics). Per (query tile × key tile), with P recomputed from the log-sum-exp the
+// forward returned, so no L×S matrix is ever held:
+//   P   = exp(S − lse)              S = Q Kᵀ · scale + mask (−inf where masked)
+//   W   = P ∘ Z                     Z = keep/(1−p), regenerated from the Philox counter
+//   dP  = (dO Vᵀ) ∘ Z
+//   dS  = P ∘ (dP − D)              D = rowsum(dO ∘ O), once per query row
+// and then
+//   pass 1, a task per (batch, KV head, key tile), owning those rows of dK and dV:
+//       dV += Wᵀ dO,   dK += scale · dSᵀ Q    over every query tile of every query head
+//                                             of the GQA group, in a fixed order;
+//   pass 2, a task per (batch, query head, query tile), owning those rows of dQ:
+//       dQ += scale · dS K                    over every key tile, and dmask = dS.
+// Each output element is summed by one task in one order: bitwise the same for any
+// thread count. The price is that S and dP are computed twice (7 matrix products where
+// FlashAttention's atomics need 5); the SIMD kernel avoids it (backward_simd.cpp).
+#include "cpu/backward.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/philox.h"
+#include "cpu/tile_ops.h"
+
+namespace sdpa::detail {
+
+namespace {
+
+constexpr std::int64_t kQueryTile = 32;
+constexpr std::int64_t kKeyTile = 64;
+
+template <class T>
+struct Scratch {
+  std::vector<T> q, dout, k, v, lse, D;  // packed tiles; lse and D per query row
+  std::vector<T> probs, dscores;         // W and dS of a tile (rows × kKeyTile)
+  std::vector<T> acc_a, acc_b;           // pass 1: dK, dV of the key tile; pass 2: dQ
+  explicit Scratch(const BackwardProblem& p)
+      : q(kQueryTile * p.E),
+        dout(kQueryTile * p.Ev),
+        k(kKeyTile * p.E),
+        v(kKeyTile * p.Ev),
+        lse(kQueryTile),
+        D(kQueryTile),
+        probs(kQueryTile * kKeyTile),
+        dscores(kQueryTile * kKeyTile),
+        acc_a(std::max(kKeyTile, kQueryTile) * p.E),
+        acc_b(kKeyTile * p.Ev) {}
+};
+
+template <class T>
+void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::int64_t rows, std::int64_t cols,
+               T* dst) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
+}
+
+// Q, dO, lse and D = rowsum(dO ∘ O) of query rows [i0, i0+rows) of matrix qm.
+template <class T>
+void pack_queries(const BackwardProblem& p, Scratch<T>& s, std::int64_t qm, std::int64_t i0, std::int64_t rows) {
+  pack_rows<T>(p.query, qm, i0, rows, p.E, s.q.data());
+  pack_rows<T>(p.grad_output, qm, i0, rows, p.Ev, s.dout.data());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    s.lse[r] = p.lse.load<T>(qm, i0 + r, 0);
+    T d = 0;
+    for (std::int64_t c = 0; c < p.Ev; ++c) d += s.dout[r * p.Ev + c] * p.output.load<T>(qm, i0 + r, c);
+    s.D[r] = d;
+  }
+}
+
+// W and dS of query rows [i0, i0+rows) (packed in s.q, s.dout, s.lse, s.D) against
+// keys [j0, j0+cols) (packed in s.k, s.v), into s.probs and s.dscores.
+template <class T>
+void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::int64_t h, std::int64_t i0,
+                    std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  const std::int64_t qm = p.q_matrix(b, h);
+  T* probs = s.probs.data();
+  T* dscores = s.dscores.data();
+  score_tile<T>(s.q.data(), s.k.data(), rows, cols, p.E, static_cast<T>(p.scale), probs, kKeyTile);
+  score_tile<T>(s.dout.data(), s.v.data(), rows, cols, p.Ev, T{1}, dscores, kKeyTile);  // dO Vᵀ
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = i0 + r;
+    const std::int64_t visible = p.key_end(i) - j0;
+    const T lse = s.lse[r];
+    PhiloxBlock words{};
+    for (std::int64_t c = 0; c < cols; ++c) {
+      T score = probs[r * kKeyTile + c];
+      if (p.mask.present()) {
+        const T m = p.mask.load<T>(qm, i, j0 + c);
+        if (p.mask_is_bool) {
+          if (m == T{0}) score = kMinusInf;
+        } else {
+          score += m;
+        }
+      }
+      if (c >= visible) score = kMinusInf;
+      // A fully masked row has lse = −inf: P = 0 there, not exp(−inf + inf) = NaN.
+      const T prob = lse == kMinusInf ? T{0} : std::exp(score - lse);
+      T keep = 1;
+      if (p.dropout_p > 0.0) {
+        const std::int64_t j = j0 + c;
+        if (c == 0 || (j & 3) == 0) words = dropout.words(b, h, i, j);
+        keep = dropout.keep_word(words[j & 3]) ? keep_scale : T{0};
+      }
+      const T dprob = dscores[r * kKeyTile + c] * keep;
+      probs[r * kKeyTile + c] = prob * keep;
+      dscores[r * kKeyTile + c] = prob == T{0} ? T{0} : prob * (dprob - s.D[r]);
+    }
+  }
+}
+
+// Pass 1: dK and dV of keys [j0, j0+cols) of KV matrix (b, head_kv).
+template <class T>
+void key_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::int64_t head_kv, std::int64_t j0) {
+  const std::int64_t kvm = b * p.heads_kv + head_kv;
+  const std::int64_t cols = std::min(kKeyTile, p.S - j0);
+  const std::int64_t group = p.heads_q / p.heads_kv;
+  pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
+  pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
+  T* dk = s.acc_a.data();
+  T* dv = s.acc_b.data();
+  std::fill(dk, dk + cols * p.E, T{0});
+  std::fill(dv, dv + cols * p.Ev, T{0});
+  for (std::int64_t h = head_kv * group; h < (head_kv + 1) * group; ++h) {
+    const std::int64_t qm = p.q_matrix(b, h);
+    for (std::int64_t i0 = 0; i0 < p.L; i0 += kQueryTile) {
+      const std::int64_t rows = std::min(kQueryTile, p.L - i0);
+      if (p.key_end(i0 + rows - 1) <= j0) continue;  // causal: no row of the tile sees these keys
+      pack_queries(p, s, qm, i0, rows);
+      tile_gradients(p, s, b, h, i0, rows, j0, cols);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const T w = s.probs[r * kKeyTile + c], ds = s.dscores[r * kKeyTile + c];
+          for (std::int64_t d = 0; d < p.Ev; ++d) dv[c * p.Ev + d] += w * s.dout[r * p.Ev + d];
+          for (std::int64_t e = 0; e < p.E; ++e) dk[c * p.E + e] += ds * s.q[r * p.E + e];
+        }
+    }
+  }
+  const T scale = static_cast<T>(p.scale);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    for (std::int64_t e = 0; e < p.E; ++e) p.grad_key.store<T>(kvm, j0 + c, e, dk[c * p.E + e] * scale);
+    for (std::int64_t d = 0; d < p.Ev; ++d) p.grad_value.store<T>(kvm, j0 + c, d, dv[c * p.Ev + d]);
+  }
+}
+
+// Pass 2: dQ (and dmask) of query rows [i0, i0+rows) of query matrix (b, h).
+template <class T>
+void query_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::int64_t h, std::int64_t i0) {
+  const std::int64_t qm = p.q_matrix(b, h), kvm = p.kv_matrix(b, h);
+  const std::int64_t rows = std::min(kQueryTile, p.L - i0);
+  T* dq = s.acc_a.data();
+  std::fill(dq, dq + rows * p.E, T{0});
+  pack_queries(p, s, qm, i0, rows);
+  const std::int64_t key_limit = p.key_end(i0 + rows - 1);
+  for (std::int64_t j0 = 0; j0 < key_limit; j0 += kKeyTile) {
+    const std::int64_t cols = std::min(kKeyTile, key_limit - j0);
+    pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
+    pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
+    tile_gradients(p, s, b, h, i0, rows, j0, cols);
+    accumulate_pv<T>(s.dscores.data(), s.k.data(), rows, cols, p.E, kKeyTile, dq);
+    if (p.grad_mask.present())
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) p.grad_mask.store<T>(qm, i0 + r, j0 + c, s.dscores[r * kKeyTile + c]);
+  }
+  const T scale = static_cast<T>(p.scale);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t e = 0; e < p.E; ++e) p.grad_query.store<T>(qm, i0 + r, e, dq[r * p.E + e] * scale);
+}
+
+template <class T>
+void run(const BackwardProblem& p) {
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const std::int64_t key_tiles = (p.S + kKeyTile - 1) / kKeyTile;
+  const std::int64_t query_tiles = (p.L + kQueryTile - 1) / kQueryTile;
+  const std::int64_t key_tasks = p.batch * p.heads_kv * key_tiles;
+  const std::int64_t query_tasks = p.batch * p.heads_q * query_tiles;
+#pragma omp parallel num_threads(threads) if (key_tasks + query_tasks > 2)
+  {
+    Scratch<T> scratch(p);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < key_tasks; ++t)
+      key_tile(p, scratch, t / (p.heads_kv * key_tiles), (t / key_tiles) % p.heads_kv, (t % key_tiles) * kKeyTile);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < query_tasks; ++t)
+      query_tile(p, scratch, t / (p.heads_q * query_tiles), (t / query_tiles) % p.heads_q,
+                 (t % query_tiles) * kQueryTile);
+  }
+}
+
+}  // namespace
+
+void cpu_backward_tiled(const BackwardProblem& problem) {
+  if (problem.float64)
+    run<double>(problem);
+  else
+    run<float>(problem);
+}
+
+void cpu_backward(const BackwardProblem& problem) {
+  if (problem.float64)
+    run<double>(problem);  // float64 accumulates in float64: the portable tiled path
+  else
+    simd_backward_float32(problem);
+}
+
+}  // namespace sdpa::detail

@@ -1,0 +1,592 @@
+// The fast CPU backward for float32, bfloat16 and float16 inputs (float32 arithmetic):
+// Google Highway, compiled once per x86 target and picked at run time, as the forward
+// (attention_simd.cpp), and with the forward's layout: tiles held *transposed*, query
+// rows along the vector lanes, scores in log2 units (Q pre-multiplied by scale·log2 e).
+//
+// Per key tile of K, V (read in place) and subtile of query rows, with P recomputed
+// from the forward's log-sum-exp (lse2 = lse·log2 e), so no L×S matrix is ever held:
+//   Sᵀ[c][r]  = Σ_e K[c][e] · Qᵀ[e][r]              (broadcast K[c][e] against a Qᵀ row)
+//   dPᵀ[c][r] = Σ_d V[c][d] · dOᵀ[d][r]             (the same kernel on V and dOᵀ)
+//   Pᵀ = 2^(Sᵀ − lse2),  Wᵀ = Pᵀ ∘ Z,  dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D)   (lane-wise; D = rowsum(dO ∘ O))
+//   dQᵀ[e][r] += Σ_c K[c][e] · dSᵀ[c][r]            (broadcast K[c][e] against a dSᵀ row)
+//   dV[c][·]  += Σ_r Wᵀ[c][r]  · dO[r][·]           (broadcast Wᵀ[c][r] against a dO row)
+//   dK[c][·]  += Σ_r dSᵀ[c][r] · Q[r][·]            (broadcast dSᵀ[c][r] against a Q row)
+// and at the end dQ·scale, dK·scale, dV. Five matrix products, as FlashAttention-2.
+//
+// Determinism without atomics: a task is (batch, KV head, key chunk). It owns dK and dV
+// of its keys, accumulated over every query row of the GQA group (rows flattened over
+// (group heads × L), in order), so they are stored once, complete. Its dQ is complete
+// too when there is one chunk (the task then sees every key); with several chunks each
+// task writes its partial dQ to its own slot and a second pass sums the slots in chunk
+// order. The chunk count depends on the shape only, never on the thread count, so the
+// results are bitwise the same for any thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/backward_problem.h"
+#include "common/philox.h"
+#include "cpu/backward.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/backward_simd.cpp"
+#include "hwy/aligned_allocator.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// Per-target headers go after highway.h, inside the foreach_target loop.
+#include "cpu/exp2-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Register blocks. AVX-512 has 32 vector registers, AVX2 and SSE 16.
+//   scores:       kKeyBlock keys × 2 row vectors of accumulators
+//   dQᵀ:          kDimBlock dims × 2 row vectors
+//   dK, dV:       kRankKeys keys × up to 4 vectors of dims
+constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
+constexpr std::size_t kDimBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
+constexpr std::size_t kRankKeys = HWY_MAX_BYTES >= 64 ? 6 : 3;
+constexpr std::int64_t kKeyTile = 96;  // a multiple of kKeyBlock and kRankKeys
+constexpr std::int64_t kSubtiles = 4;  // subtiles of 2 vectors of rows share each K/V tile
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
+
+std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for kKeyBlock keys c and
+// the subtile's 2 row vectors (Sᵀ from K and Qᵀ; dPᵀ from V and dOᵀ).
+HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
+                           std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[kKeyBlock], acc1[kKeyBlock];
+  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
+      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
+      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
+      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
+    }
+  }
+  for (std::size_t c = 0; c < kKeyBlock; ++c) {
+    hn::Store(acc0[c], df, st + c * st_stride);
+    hn::Store(acc1[c], df, st + c * st_stride + N);
+  }
+}
+
+// ot[d·rows + ·] += Σ_c k[c·k_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
+// the subtile's 2 row vectors (dQᵀ += Kᵀ-broadcast ⊗ dSᵀ).
+template <std::size_t Block>
+HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
+                                const float* HWY_RESTRICT k, std::int64_t k_stride, float* HWY_RESTRICT ot,
+                                std::size_t rows) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[Block], acc1[Block];
+  for (std::size_t d = 0; d < Block; ++d) {
+    acc0[d] = hn::Load(df, ot + d * rows);
+    acc1[d] = hn::Load(df, ot + d * rows + N);
+  }
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const VF p0 = hn::Load(df, pt + c * pt_stride), p1 = hn::Load(df, pt + c * pt_stride + N);
+    _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
+      const VF key = hn::Set(df, k[c * k_stride + static_cast<std::int64_t>(d)]);
+      acc0[d] = hn::MulAdd(p0, key, acc0[d]);
+      acc1[d] = hn::MulAdd(p1, key, acc1[d]);
+    }
+  }
+  for (std::size_t d = 0; d < Block; ++d) {
+    hn::Store(acc0[d], df, ot + d * rows);
+    hn::Store(acc1[d], df, ot + d * rows + N);
+  }
+}
+
+// acc[c·acc_stride + v·N + ·] += Σ_{r0 <= r < r1} wt[c·wt_stride + r] · x[r·x_stride + v·N + ·]
+// for kRankKeys keys c and `Vectors` vectors v of dims: dV += Wᵀ-broadcast ⊗ dO rows,
+// dK += dSᵀ-broadcast ⊗ Q rows. The accumulators stay in registers over the rows.
+template <std::size_t Vectors>
+HWY_INLINE void RankUpdate(const float* HWY_RESTRICT wt, std::size_t wt_stride, std::int64_t r0, std::int64_t r1,
+                           const float* HWY_RESTRICT x, std::size_t x_stride, float* HWY_RESTRICT acc,
+                           std::size_t acc_stride) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF a[kRankKeys][Vectors];
+  for (std::size_t c = 0; c < kRankKeys; ++c)
+    for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::Load(df, acc + c * acc_stride + v * N);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    VF xv[Vectors];
+    for (std::size_t v = 0; v < Vectors; ++v) xv[v] = hn::Load(df, x + r * x_stride + v * N);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kRankKeys; ++c) {
+      const VF w = hn::Set(df, wt[c * wt_stride + r]);
+      for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::MulAdd(w, xv[v], a[c][v]);
+    }
+  }
+  for (std::size_t c = 0; c < kRankKeys; ++c)
+    for (std::size_t v = 0; v < Vectors; ++v) hn::Store(a[c][v], df, acc + c * acc_stride + v * N);
+}
+
+// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32;
+// contiguous float16/bfloat16 rows a vector at a time.
+void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
+             float* out) {
+  if (count <= 0) return;  // an empty row may have no memory behind it
+  const std::byte* base = op.address(matrix, row, col0);
+  const std::int64_t step = op.col_stride;
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  switch (op.dtype) {
+    case DType::float32:
+      for (std::int64_t c = 0; c < count; ++c) std::memcpy(out + c, base + c * step * 4, 4);
+      return;
+    case DType::float16:
+    case DType::bfloat16: {
+      const bool half = op.dtype == DType::float16;
+      std::int64_t c = 0;
+      if (step == 1) {
+        const hn::Rebind<hwy::float16_t, DF> dh;
+        const hn::Rebind<hwy::bfloat16_t, DF> db;
+        for (; c + N <= count; c += N) {
+          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
+                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
+          hn::StoreU(v, df, out + c);
+        }
+      }
+      for (; c < count; ++c) {
+        std::uint16_t bits;
+        std::memcpy(&bits, base + c * step * 2, 2);
+        out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
+      }
+      return;
+    }
+    default:  // float64 (a mask) and bool (a mask)
+      for (std::int64_t c = 0; c < count; ++c) out[c] = op.load<float>(matrix, row, col0 + c);
+      return;
+  }
+}
+
+// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself when
+// it already is and no padding is needed, else converted into `tile`, zero-padded to
+// `padded` rows (whole register blocks run over them).
+const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                          std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
+  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded) {
+    *stride = op.row_stride;
+    return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
+  }
+  for (std::int64_t c = 0; c < cols; ++c) LoadRow(op, matrix, j0 + c, 0, width, tile + c * width);
+  std::fill(tile + cols * width, tile + padded * width, 0.0f);
+  *stride = width;
+  return tile;
+}
+
+// A query row of the current block: which (matrix, head, i) it is and how many keys it sees.
+struct Row {
+  std::int64_t matrix, head, i, key_end;
+};
+
+// Two vectors of query rows, packed for the transposed kernels.
+struct Subtile {
+  hwy::AlignedFreeUniquePtr<float[]> qt, dot, dqt;  // Qᵀ·scale·log2 e, dOᵀ, dQᵀ accumulators
+  hwy::AlignedFreeUniquePtr<float[]> lse2, D;       // per row: lse·log2 e (+inf if fully masked), D
+  std::vector<Row> rows;
+  std::int64_t key_limit = 0;    // no row sees a key at or past it
+  std::int64_t min_key_end = 0;  // every row sees the keys before it
+};
+
+// Everything one thread needs, 64-byte aligned.
+struct Scratch {
+  std::size_t rows;        // per subtile: 2 vectors
+  std::size_t block_rows;  // per block: kSubtiles subtiles
+  std::int64_t E_pad, Ev_pad;
+  Subtile sub[kSubtiles];
+  // Row-major Q and dO of the block (block_rows × E_pad / Ev_pad, zero-padded), read by
+  // the dK and dV rank updates.
+  hwy::AlignedFreeUniquePtr<float[]> q_rows, do_rows;
+  // Sᵀ then Wᵀ, and dPᵀ then dSᵀ, of one key tile for all the block's rows
+  // (kKeyTile × block_rows); the dropout factors of one subtile (kKeyTile × rows).
+  hwy::AlignedFreeUniquePtr<float[]> st, dpt, zt;
+  hwy::AlignedFreeUniquePtr<float[]> k_tile, v_tile, row_buffer;
+  // dK and dV of the task's key chunk (chunk_keys × E_pad / Ev_pad).
+  hwy::AlignedFreeUniquePtr<float[]> dk, dv;
+
+  Scratch(const BackwardProblem& p, std::int64_t chunk_keys) : rows(2 * hn::Lanes(DF())), block_rows(kSubtiles * rows) {
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+    E_pad = RoundUp(p.E, N);
+    Ev_pad = std::max<std::int64_t>(RoundUp(p.Ev, N), N);
+    const std::int64_t Ev = std::max<std::int64_t>(p.Ev, 1);
+    for (Subtile& t : sub) {
+      t.qt = hwy::AllocateAligned<float>(p.E * rows);
+      t.dot = hwy::AllocateAligned<float>(Ev * rows);
+      t.dqt = hwy::AllocateAligned<float>(p.E * rows);
+      t.lse2 = hwy::AllocateAligned<float>(rows);
+      t.D = hwy::AllocateAligned<float>(rows);
+      t.rows.reserve(rows);
+    }
+    q_rows = hwy::AllocateAligned<float>(block_rows * E_pad);
+    do_rows = hwy::AllocateAligned<float>(block_rows * Ev_pad);
+    st = hwy::AllocateAligned<float>(kKeyTile * block_rows);
+    dpt = hwy::AllocateAligned<float>(kKeyTile * block_rows);
+    zt = hwy::AllocateAligned<float>(kKeyTile * rows);
+    k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
+    v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
+    row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));
+    dk = hwy::AllocateAligned<float>(chunk_keys * E_pad);
+    dv = hwy::AllocateAligned<float>(chunk_keys * Ev_pad);
+  }
+};
+
+class Task {
+ public:
+  Task(const BackwardProblem& p, Scratch& s) : p_(p), s_(s), n_(hn::Lanes(DF())) {}
+
+  // dK and dV of keys [key_begin, key_end) of KV head `head_kv` of batch `b`, complete;
+  // dQ of all the group's query rows over those keys: stored (· scale) into grad_query
+  // when `partial` is null, else written unscaled to `partial` (group rows × E floats).
+  void Run(std::int64_t b, std::int64_t head_kv, std::int64_t key_begin, std::int64_t key_end, float* partial) {
+    b_ = b;
+    kvm_ = b * p_.heads_kv + head_kv;
+    key_begin_ = key_begin;
+    const std::int64_t keys = key_end - key_begin;
+    std::fill(s_.dk.get(), s_.dk.get() + RoundUp(keys, kKeyTile) * s_.E_pad, 0.0f);
+    std::fill(s_.dv.get(), s_.dv.get() + RoundUp(keys, kKeyTile) * s_.Ev_pad, 0.0f);
+    const std::int64_t group_rows = (p_.heads_q / p_.heads_kv) * p_.L;
+    const std::int64_t block_rows = static_cast<std::int64_t>(s_.block_rows);
+    for (std::int64_t row0 = 0; row0 < group_rows; row0 += block_rows) {
+      const std::int64_t row_count = std::min(block_rows, group_rows - row0);
+      SetRows(head_kv, row0, row_count);
+      PackBlock();
+      std::int64_t key_limit = 0;
+      for (std::int64_t g = 0; g < subtiles_; ++g) key_limit = std::max(key_limit, s_.sub[g].key_limit);
+      const std::int64_t end = std::min(key_end, key_limit);
+      for (std::int64_t j0 = key_begin; j0 < end; j0 += kKeyTile) KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
+      StoreQueryGradient(row0, partial);
+    }
+    StoreKeyGradients(keys);
+  }
+
+ private:
+  // Flattened group rows [row0, row0 + row_count), spread over the subtiles.
+  void SetRows(std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
+    const std::int64_t group = p_.heads_q / p_.heads_kv;
+    const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
+    subtiles_ = (row_count + per_subtile - 1) / per_subtile;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      t.rows.clear();
+      t.key_limit = 0;
+      t.min_key_end = p_.S;
+      for (std::int64_t flat = row0 + g * per_subtile; flat < row0 + std::min(row_count, (g + 1) * per_subtile);
+           ++flat) {
+        const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
+        t.rows.push_back({p_.q_matrix(b_, head), head, i, p_.key_end(i)});
+        t.key_limit = std::max(t.key_limit, t.rows.back().key_end);
+        t.min_key_end = std::min(t.min_key_end, t.rows.back().key_end);
+      }
+    }
+  }
+
+  // Qᵀ (scaled to log2 units), dOᵀ, lse2 and D per subtile; Q and dO row-major for the
+  // block. Padding rows (zero, lse2 = +inf) are the block's last rows: the dK/dV updates
+  // stop before them and their dQ is never stored, so whatever they compute is unused.
+  void PackBlock() {
+    const float c = static_cast<float>(p_.scale * kLog2e);
+    const std::int64_t R = static_cast<std::int64_t>(s_.rows);
+    float* buffer = s_.row_buffer.get();
+    std::fill(s_.q_rows.get(), s_.q_rows.get() + s_.block_rows * s_.E_pad, 0.0f);
+    std::fill(s_.do_rows.get(), s_.do_rows.get() + s_.block_rows * s_.Ev_pad, 0.0f);
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      std::fill(t.qt.get(), t.qt.get() + p_.E * R, 0.0f);
+      std::fill(t.dot.get(), t.dot.get() + std::max<std::int64_t>(p_.Ev, 1) * R, 0.0f);
+      std::fill(t.dqt.get(), t.dqt.get() + p_.E * R, 0.0f);
+      std::fill(t.lse2.get(), t.lse2.get() + R, kInf);
+      std::fill(t.D.get(), t.D.get() + R, 0.0f);
+      for (std::int64_t r = 0; r < static_cast<std::int64_t>(t.rows.size()); ++r) {
+        const Row& row = t.rows[r];
+        float* q_row = s_.q_rows.get() + (g * R + r) * s_.E_pad;
+        LoadRow(p_.query, row.matrix, row.i, 0, p_.E, q_row);
+        for (std::int64_t e = 0; e < p_.E; ++e) t.qt[e * R + r] = q_row[e] * c;
+        float* do_row = s_.do_rows.get() + (g * R + r) * s_.Ev_pad;
+        LoadRow(p_.grad_output, row.matrix, row.i, 0, p_.Ev, do_row);
+        LoadRow(p_.output, row.matrix, row.i, 0, p_.Ev, buffer);
+        double d = 0;  // D = dO·O, in float64: one short sum per row
+        for (std::int64_t e = 0; e < p_.Ev; ++e) {
+          t.dot[e * R + r] = do_row[e];
+          d += static_cast<double>(do_row[e]) * buffer[e];
+        }
+        t.D[r] = static_cast<float>(d);
+        const double lse = p_.lse.load<double>(row.matrix, row.i, 0);
+        // A fully masked row (lse = −inf) gets +inf: 2^(s − inf) = 0 for every score.
+        t.lse2[r] = lse == -std::numeric_limits<double>::infinity() ? kInf : static_cast<float>(lse * kLog2e);
+      }
+    }
+  }
+
+  // Keys [j0, j0+cols) of the chunk (the block's rows see none past them).
+  void KeyTile(std::int64_t j0, std::int64_t cols, std::int64_t row_count) {
+    const std::int64_t padded = RoundUp(cols, kKeyBlock);
+    std::int64_t k_stride, v_stride = 0;
+    const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
+    const float* v = p_.Ev == 0 ? s_.v_tile.get()  // Ev = 0: dP = 0, and V may have no memory
+                                : KeyValueRows(p_.value, kvm_, j0, cols, padded, p_.Ev, s_.v_tile.get(), &v_stride);
+    const std::int64_t R = static_cast<std::int64_t>(s_.rows);
+    const std::size_t BR = s_.block_rows;
+    std::int64_t first_active = -1, last_active = -1;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      Subtile& t = s_.sub[g];
+      const std::int64_t visible = std::min(cols, t.key_limit - j0);
+      if (visible <= 0 || !Gradients(t, g, j0, visible, padded, k, k_stride, v, v_stride)) {
+        ZeroColumns(g, padded);  // the rank updates below read every row of the block
+        continue;
+      }
+      if (first_active < 0) first_active = g;
+      last_active = g;
+      // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
+      const float* dst = s_.dpt.get() + g * R;
+      std::int64_t e = 0;
+      for (; e + static_cast<std::int64_t>(kDimBlock) <= p_.E; e += kDimBlock)
+        AccumulateBlock<kDimBlock>(dst, BR, visible, k + e, k_stride, t.dqt.get() + e * R, s_.rows);
+      for (; e < p_.E; ++e) AccumulateBlock<1>(dst, BR, visible, k + e, k_stride, t.dqt.get() + e * R, s_.rows);
+    }
+    if (first_active < 0) return;
+    // dV += Wᵀ ⊗ dO rows, dK += dSᵀ ⊗ Q rows, over the rows of the active subtiles.
+    const std::int64_t r0 = first_active * R, r1 = std::min(row_count, (last_active + 1) * R);
+    const std::int64_t rank_cols = RoundUp(cols, kRankKeys);
+    float* dv = s_.dv.get() + (j0 - key_begin_) * s_.Ev_pad;
+    float* dk = s_.dk.get() + (j0 - key_begin_) * s_.E_pad;
+    for (std::int64_t c = 0; c < rank_cols; c += kRankKeys) {
+      RankUpdates(s_.st.get() + c * BR, r0, r1, s_.do_rows.get(), s_.Ev_pad, dv + c * s_.Ev_pad);
+      RankUpdates(s_.dpt.get() + c * BR, r0, r1, s_.q_rows.get(), s_.E_pad, dk + c * s_.E_pad);
+    }
+  }
+
+  void ZeroColumns(std::int64_t g, std::int64_t padded) {
+    const std::size_t R = s_.rows, BR = s_.block_rows;
+    for (std::int64_t c = 0; c < padded; ++c) {
+      std::fill(s_.st.get() + c * BR + g * R, s_.st.get() + c * BR + (g + 1) * R, 0.0f);
+      std::fill(s_.dpt.get() + c * BR + g * R, s_.dpt.get() + c * BR + (g + 1) * R, 0.0f);
+    }
+  }
+
+  // acc[c][·] += Σ_r wt[c][r] · x[r][·] for kRankKeys keys, over all dims in blocks of
+  // 4, 2, 1 vectors.
+  void RankUpdates(const float* wt, std::int64_t r0, std::int64_t r1, const float* x, std::int64_t width, float* acc) {
+    const std::int64_t N = static_cast<std::int64_t>(n_);
+    const std::size_t BR = s_.block_rows, stride = static_cast<std::size_t>(width);
+    std::int64_t d = 0;
+    for (; d + 4 * N <= width; d += 4 * N) RankUpdate<4>(wt, BR, r0, r1, x + d, stride, acc + d, stride);
+    for (; d + 2 * N <= width; d += 2 * N) RankUpdate<2>(wt, BR, r0, r1, x + d, stride, acc + d, stride);
+    for (; d < width; d += N) RankUpdate<1>(wt, BR, r0, r1, x + d, stride, acc + d, stride);
+  }
+
+  // Wᵀ into st and dSᵀ into dpt for subtile g against keys [j0, j0+padded), of which the
+  // first `visible` may be seen. Returns false when the mask hides every one.
+  bool Gradients(const Subtile& t, std::int64_t g, std::int64_t j0, std::int64_t visible, std::int64_t padded,
+                 const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride) {
+    const DF df;
+    const std::size_t R = s_.rows, BR = s_.block_rows;
+    float* st = s_.st.get() + g * R;
+    float* dpt = s_.dpt.get() + g * R;
+    for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+      ScoreBlock(t.qt.get(), R, p_.E, k + c * k_stride, k_stride, st + c * BR, BR);
+    for (std::int64_t c = visible; c < padded; ++c) std::fill(st + c * BR, st + c * BR + R, kMinusInf);
+    if (p_.mask.present() && !ApplyMask(t, st, j0, visible)) return false;
+    if (j0 + visible > t.min_key_end) ApplyCausal(t, st, j0, visible);
+    for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+      ScoreBlock(t.dot.get(), R, p_.Ev, v + c * v_stride, v_stride, dpt + c * BR, BR);
+
+    const bool dropping = p_.dropout_p > 0.0;
+    if (dropping) DropoutFactors(t, j0, visible, padded);
+    for (std::size_t half = 0; half < 2; ++half) {
+      const std::size_t lane0 = half * n_;
+      const VF lse2 = hn::Load(df, t.lse2.get() + lane0), D = hn::Load(df, t.D.get() + lane0);
+      for (std::int64_t c = 0; c < padded; ++c) {
+        float* s_at = st + c * BR + lane0;
+        float* dp_at = dpt + c * BR + lane0;
+        const VF prob = Exp2(df, hn::Sub(hn::Load(df, s_at), lse2));
+        VF dprob = hn::Load(df, dp_at), weight = prob;
+        if (dropping) {
+          const VF z = hn::Load(df, s_.zt.get() + c * R + lane0);
+          dprob = hn::Mul(dprob, z);
+          weight = hn::Mul(prob, z);
+        }
+        // dS = P (dP − D), exactly 0 where P is: a masked key or fully masked row gives
+        // no gradient even when dO·V there is infinite.
+        const VF dscore = hn::IfThenZeroElse(hn::Eq(prob, hn::Zero(df)), hn::Mul(prob, hn::Sub(dprob, D)));
+        hn::Store(weight, df, s_at);
+        hn::Store(dscore, df, dp_at);
+      }
+    }
+    if (p_.grad_mask.present())
+      for (std::size_t r = 0; r < t.rows.size(); ++r)
+        for (std::int64_t c = 0; c < visible; ++c)
+          p_.grad_mask.store<float>(t.rows[r].matrix, t.rows[r].i, j0 + c, dpt[c * BR + r]);
+    return true;
+  }
+
+  // Sᵀ += mask·log2 e (float) or −inf where a bool mask is false. False if all are −inf.
+  bool ApplyMask(const Subtile& t, float* st, std::int64_t j0, std::int64_t cols) {
+    const std::size_t BR = s_.block_rows;
+    float* buffer = s_.row_buffer.get();
+    const float log2e = static_cast<float>(kLog2e);
+    bool any_visible = false;
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      LoadRow(p_.mask, t.rows[r].matrix, t.rows[r].i, j0, cols, buffer);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        float& score = st[c * BR + r];
+        if (p_.mask_is_bool) {
+          if (buffer[c] == 0.0f) score = kMinusInf;
+        } else {
+          score += buffer[c] * log2e;
+        }
+        any_visible |= score != kMinusInf;
+      }
+    }
+    return any_visible;
+  }
+
+  void ApplyCausal(const Subtile& t, float* st, std::int64_t j0, std::int64_t cols) {
+    const std::size_t BR = s_.block_rows;
+    for (std::size_t r = 0; r < t.rows.size(); ++r)
+      for (std::int64_t c = std::max<std::int64_t>(t.rows[r].key_end - j0, 0); c < cols; ++c)
+        st[c * BR + r] = kMinusInf;
+  }
+
+  // zt[c][r] = keep/(1−p) from the forward's Philox counter (common/philox.h); 0 for
+  // keys past `visible` and for padding rows.
+  void DropoutFactors(const Subtile& t, std::int64_t j0, std::int64_t visible, std::int64_t padded) {
+    const DropoutMask dropout(p_.dropout_p, p_.seed, p_.offset);
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - p_.dropout_p));
+    const std::size_t R = s_.rows;
+    float* zt = s_.zt.get();
+    std::fill(zt, zt + padded * R, 0.0f);
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const Row& row = t.rows[r];
+      PhiloxBlock words{};
+      for (std::int64_t c = 0; c < visible; ++c) {
+        const std::int64_t j = j0 + c;
+        if (c == 0 || (j & 3) == 0) words = dropout.words(b_, row.head, row.i, j);
+        zt[c * R + r] = dropout.keep_word(words[j & 3]) ? keep_scale : 0.0f;
+      }
+    }
+  }
+
+  // dQ of the block's rows: scale · dQᵀᵀ into grad_query, or unscaled into the partial.
+  void StoreQueryGradient(std::int64_t row0, float* partial) {
+    const float scale = static_cast<float>(p_.scale);
+    const std::int64_t R = static_cast<std::int64_t>(s_.rows);
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      const Subtile& t = s_.sub[g];
+      for (std::int64_t r = 0; r < static_cast<std::int64_t>(t.rows.size()); ++r) {
+        if (partial) {
+          float* out = partial + (row0 + g * R + r) * p_.E;
+          for (std::int64_t e = 0; e < p_.E; ++e) out[e] = t.dqt[e * R + r];
+        } else {
+          for (std::int64_t e = 0; e < p_.E; ++e)
+            p_.grad_query.store<float>(t.rows[r].matrix, t.rows[r].i, e, t.dqt[e * R + r] * scale);
+        }
+      }
+    }
+  }
+
+  void StoreKeyGradients(std::int64_t keys) {
+    const float scale = static_cast<float>(p_.scale);
+    for (std::int64_t c = 0; c < keys; ++c) {
+      const float* dk = s_.dk.get() + c * s_.E_pad;
+      const float* dv = s_.dv.get() + c * s_.Ev_pad;
+      for (std::int64_t e = 0; e < p_.E; ++e) p_.grad_key.store<float>(kvm_, key_begin_ + c, e, dk[e] * scale);
+      for (std::int64_t d = 0; d < p_.Ev; ++d) p_.grad_value.store<float>(kvm_, key_begin_ + c, d, dv[d]);
+    }
+  }
+
+  const BackwardProblem& p_;
+  Scratch& s_;
+  const std::size_t n_;
+  std::int64_t b_ = 0, kvm_ = 0, key_begin_ = 0, subtiles_ = 0;
+};
+
+}  // namespace
+
+// Key chunks per (batch, KV head): more than one only when there are too few such heads
+// to keep the threads busy and the keys are long. From the shape alone, never the thread
+// count. Chunks hold whole key tiles; the per-thread dK/dV accumulators hold one chunk,
+// so chunks are also capped in length.
+std::int64_t KeyChunks(const BackwardProblem& p) {
+  constexpr std::int64_t kTargetTasks = 32, kMinChunkKeys = 2048, kMaxChunkKeys = 16384;
+  const std::int64_t heads = p.batch * p.heads_kv;
+  std::int64_t chunks = 1;
+  if (heads < kTargetTasks && p.S >= 2 * kMinChunkKeys)
+    chunks = std::min((kTargetTasks + heads - 1) / heads, p.S / kMinChunkKeys);
+  return std::max(chunks, (p.S + kMaxChunkKeys - 1) / kMaxChunkKeys);
+}
+
+void BackwardFloat32(const BackwardProblem& p) {
+  const std::int64_t heads = p.batch * p.heads_kv;
+  const std::int64_t wanted = KeyChunks(p);
+  const std::int64_t chunk_keys = RoundUp((p.S + wanted - 1) / wanted, kKeyTile);
+  const std::int64_t chunks = (p.S + chunk_keys - 1) / chunk_keys;
+  const std::int64_t tasks = heads * chunks;
+  const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  // With several chunks, each (task) writes its partial dQ here: group rows × E floats.
+  const std::int64_t partial_size = group_rows * p.E;
+  hwy::AlignedFreeUniquePtr<float[]> partials = hwy::AllocateAligned<float>(chunks > 1 ? tasks * partial_size : 1);
+
+#pragma omp parallel num_threads(threads) if (tasks > 1 || chunks > 1)
+  {
+    Scratch scratch(p, chunk_keys);
+    Task task(p, scratch);
+    // Causal: the first key chunks are the costliest (every later query sees them), so
+    // they go first for dynamic scheduling to end balanced.
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t chunk = t / heads, head = t % heads;
+      const std::int64_t key_begin = chunk * chunk_keys, key_end = std::min(p.S, key_begin + chunk_keys);
+      task.Run(head / p.heads_kv, head % p.heads_kv, key_begin, key_end,
+               chunks > 1 ? partials.get() + (head * chunks + chunk) * partial_size : nullptr);
+    }
+    if (chunks > 1) {
+      // dQ = scale · Σ_chunk partial, in chunk order. One task per (head, query row).
+      const float scale = static_cast<float>(p.scale);
+      const std::int64_t group = p.heads_q / p.heads_kv;
+#pragma omp for schedule(static)
+      for (std::int64_t t = 0; t < heads * group_rows; ++t) {
+        const std::int64_t head = t / group_rows, flat = t % group_rows;
+        const std::int64_t b = head / p.heads_kv, h = (head % p.heads_kv) * group + flat / p.L, i = flat % p.L;
+        const float* base = partials.get() + head * chunks * partial_size + flat * p.E;
+        for (std::int64_t e = 0; e < p.E; ++e) {
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < chunks; ++c) sum += base[c * partial_size + e];
+          p.grad_query.store<float>(p.q_matrix(b, h), i, e, sum * scale);
+        }
+      }
+    }
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::detail {
+
+HWY_EXPORT(BackwardFloat32);
+
+void simd_backward_float32(const BackwardProblem& problem) { HWY_DYNAMIC_DISPATCH(BackwardFloat32)(problem); }
+
+}  // namespace sdpa::detail
+#endif

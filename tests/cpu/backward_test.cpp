@@ -1,0 +1,616 @@
+// The CPU backward against the float64 oracle on the hostile grid of DESIGN.md §4:
+// awkward lengths and head dims, GQA ratios, every mask broadcast shape (and the float
+// mask's gradient), both causal alignments, fully masked rows, −inf bands, large
+// logits, NaN, strided and stride-0 tensors, every dtype, dropout replayed from the
+// forward's Philox counter, key chunks, every SIMD target, and bitwise determinism
+// across thread counts. Tolerances: tests/testing/gradients.h.
+#include "cpu/backward.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "api/validate.h"
+#include "hwy/targets.h"
+#include "testing/gradients.h"
+
+namespace sdpa::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Case {
+  DType dtype = DType::float32;
+  Shape batch = {2};
+  std::int64_t heads_q = 2, heads_kv = 2, L = 17, S = 17, E = 8, Ev = 8;
+  enum class Mask { none, boolean, additive } mask = Mask::none;
+  Shape mask_shape;  // empty: full (batch..., Hq, L, S)
+  Causal causal = Causal::none;
+  std::optional<double> scale;
+  double dropout_p = 0;
+  bool interleaved = false;  // (B, L, H, E) buffers viewed as (B, H, L, E)
+
+  std::string name() const {
+    std::ostringstream out;
+    out << dtype_name(dtype) << " Hq=" << heads_q << " Hkv=" << heads_kv << " L=" << L << " S=" << S << " E=" << E
+        << " Ev=" << Ev << " mask=" << static_cast<int>(mask) << " mask_rank=" << mask_shape.size()
+        << " causal=" << static_cast<int>(causal) << " dropout=" << dropout_p << " interleaved=" << interleaved;
+    return out.str();
+  }
+};
+
+Shape shape_of(const Shape& batch, std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.insert(s.end(), {heads, rows, cols});
+  return s;
+}
+
+struct Inputs {
+  Tensor q, k, v, mask;
+  StridedCopy qs, ks, vs;
+  Options options;
+  TensorView qv() const { return qs.storage.nbytes() ? qs.view : q.view(); }
+  TensorView kv() const { return ks.storage.nbytes() ? ks.view : k.view(); }
+  TensorView vv() const { return vs.storage.nbytes() ? vs.view : v.view(); }
+};
+
+Inputs make_inputs(const Case& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  in.q = random_tensor(c.dtype, shape_of(c.batch, c.heads_q, c.L, c.E), rng);
+  in.k = random_tensor(c.dtype, shape_of(c.batch, c.heads_kv, c.S, c.E), rng);
+  in.v = random_tensor(c.dtype, shape_of(c.batch, c.heads_kv, c.S, c.Ev), rng);
+  if (c.interleaved) {
+    in.qs = heads_interleaved(in.q);
+    in.ks = heads_interleaved(in.k);
+    in.vs = heads_interleaved(in.v);
+  }
+  const Shape mask_shape = c.mask_shape.empty() ? shape_of(c.batch, c.heads_q, c.L, c.S) : c.mask_shape;
+  if (c.mask == Case::Mask::boolean) in.mask = random_bool(mask_shape, rng, 0.7);
+  if (c.mask == Case::Mask::additive) {
+    in.mask = random_tensor(c.dtype, mask_shape, rng, 2.0);
+    std::bernoulli_distribution banned(0.2);  // −inf entries remove positions
+    for (std::int64_t i = 0; i < in.mask.numel(); ++i)
+      if (banned(rng)) in.mask.set(i, -kInf);
+  }
+  if (c.mask != Case::Mask::none) in.options.mask = in.mask.view();
+  in.options.causal = c.causal;
+  in.options.scale = c.scale;
+  in.options.dropout_p = c.dropout_p;
+  in.options.seed = seed;
+  return in;
+}
+
+// The float mask's gradient is checked whenever there is a float mask.
+void expect_agrees(const Case& c, std::uint64_t seed = 1) {
+  SCOPED_TRACE(c.name());
+  const Inputs in = make_inputs(c, seed);
+  const GradientAgreement a =
+      compare_gradients_with_oracle(in.qv(), in.kv(), in.vv(), in.options, c.mask == Case::Mask::additive);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
+  const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
+  const std::int64_t dims[] = {1, 8, 40, 64, 80, 96, 111, 128, 256};
+  int n = 0;
+  for (std::int64_t L : lengths)
+    for (std::int64_t S : lengths)
+      for (std::int64_t E : dims) {
+        if ((n++ % 4) != 0) continue;  // a quarter of the grid, every value of each axis covered
+        Case c;
+        c.batch = {1};
+        c.heads_q = c.heads_kv = 1;
+        c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
+        expect_agrees(c, n);
+      }
+}
+
+TEST(CpuBackward, LongSequencesBothWays) {
+  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{1023, 129}, {17, 1023}, {300, 400}}) {
+    Case c;
+    c.batch = {1};
+    c.heads_q = c.heads_kv = 1;
+    c.L = L, c.S = S, c.E = 64, c.Ev = 40;
+    expect_agrees(c);
+    c.causal = Causal::bottom_right;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuBackward, GqaRatiosMatchOracle) {
+  for (std::int64_t ratio : {1, 2, 5, 27})
+    for (std::int64_t heads_kv : {1, 2}) {
+      Case c;
+      c.heads_kv = heads_kv;
+      c.heads_q = heads_kv * ratio;
+      c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
+      c.mask = Case::Mask::boolean;
+      expect_agrees(c, ratio * 10 + heads_kv);
+    }
+}
+
+// A float mask's gradient has the mask's own shape: the full dS summed over the dims the
+// mask broadcasts along.
+TEST(CpuBackward, EveryMaskBroadcastShapeBoolAndFloatWithMaskGradient) {
+  // Q (B=2, Hq=3, L=5, E), K/V (2, 3, S=7, ·): masks broadcast to (2, 3, 5, 7).
+  const Shape shapes[] = {{7},       {1},          {5, 7},       {5, 1},       {1, 7},       {3, 1, 7},   {3, 5, 7},
+                          {1, 5, 7}, {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
+  for (const Shape& shape : shapes)
+    for (auto kind : {Case::Mask::boolean, Case::Mask::additive}) {
+      Case c;
+      c.heads_q = c.heads_kv = 3;
+      c.L = 5, c.S = 7;
+      c.mask = kind;
+      c.mask_shape = shape;
+      expect_agrees(c);
+    }
+}
+
+TEST(CpuBackward, CausalAlignmentsWithAndWithoutMask) {
+  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{17, 17}, {5, 70}, {70, 5}, {1, 129}, {129, 1}, {200, 150}})
+    for (Causal causal : {Causal::top_left, Causal::bottom_right})
+      for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
+        Case c;
+        c.L = L, c.S = S, c.causal = causal, c.mask = mask;
+        expect_agrees(c);
+      }
+}
+
+TEST(CpuBackward, EveryDtypeMatchesOracleByTheToleranceRule) {
+  for (DType dtype : {DType::float64, DType::float32, DType::bfloat16, DType::float16})
+    for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive})
+      for (Causal causal : {Causal::none, Causal::top_left}) {
+        Case c;
+        c.dtype = dtype;
+        c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
+        c.mask = mask, c.causal = causal;
+        expect_agrees(c);
+      }
+}
+
+TEST(CpuBackward, InterleavedStridedInputs) {
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float64}) {
+    Case c;
+    c.dtype = dtype;
+    c.interleaved = true;
+    c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
+    c.causal = Causal::top_left;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuBackward, ScaleNegativeZeroAndLarge) {
+  for (double scale : {-0.7, 0.0, 3.0}) {
+    Case c;
+    c.scale = scale;
+    c.mask = Case::Mask::additive;
+    expect_agrees(c);
+  }
+}
+
+TEST(CpuBackward, DropoutMatchesOracle) {
+  for (double p : {0.1, 0.5, 0.9})
+    for (DType dtype : {DType::float32, DType::float64, DType::bfloat16}) {
+      Case c;
+      c.dtype = dtype;
+      c.dropout_p = p;
+      c.L = 70, c.S = 131;
+      c.causal = Causal::bottom_right;
+      c.heads_q = 4;
+      expect_agrees(c, static_cast<std::uint64_t>(p * 100));
+    }
+}
+
+// The backward regenerates the forward's dropout mask: dV = Wᵀ dO with W the weights
+// the forward returned (after dropout), and a dropped weight passes no gradient.
+TEST(CpuBackward, DropoutMaskIsReplayedFromTheForward) {
+  for (DType dtype : {DType::float64, DType::float32}) {
+    std::mt19937_64 rng(31);
+    const Tensor q = random_tensor(dtype, {1, 2, 37, 16}, rng), k = random_tensor(dtype, {1, 1, 50, 16}, rng),
+                 v = random_tensor(dtype, {1, 1, 50, 8}, rng), g = random_tensor(dtype, {1, 2, 37, 8}, rng);
+    Options o;
+    o.dropout_p = 0.4;
+    o.seed = 1234;
+    o.offset = 77;
+    const ForwardResult fwd = forward(q.view(), k.view(), v.view(), o, Returns{true, true});
+    const BackwardResult bwd =
+        backward(BackwardInputs{q.view(), k.view(), v.view(), fwd.output.view(), fwd.lse.view(), g.view()}, o);
+    double worst = 0, largest = 0;
+    for (std::int64_t j = 0; j < 50; ++j)
+      for (std::int64_t c = 0; c < 8; ++c) {
+        double dv = 0;
+        for (std::int64_t h = 0; h < 2; ++h)
+          for (std::int64_t i = 0; i < 37; ++i) dv += fwd.weights.at({0, h, i, j}) * g.at({0, h, i, c});
+        worst = std::max(worst, std::abs(dv - bwd.grad_value.at({0, 0, j, c})));
+        largest = std::max(largest, std::abs(dv));
+      }
+    EXPECT_LE(worst, (dtype == DType::float64 ? 1e-12 : 1e-5) * std::max(1.0, largest)) << dtype_name(dtype);
+    // Another offset draws another mask, so the gradient changes.
+    o.offset = 78;
+    const ForwardResult other = forward(q.view(), k.view(), v.view(), o, Returns{false, true});
+    const BackwardResult moved =
+        backward(BackwardInputs{q.view(), k.view(), v.view(), other.output.view(), other.lse.view(), g.view()}, o);
+    EXPECT_GT(max_abs_diff(to_float64(moved.grad_value.view()), to_float64(bwd.grad_value.view())), 1e-3);
+  }
+}
+
+TEST(CpuBackward, RankThreeAndTwoBatchDims) {
+  std::mt19937_64 rng(3);
+  const Tensor q = random_tensor(DType::float32, {2, 4, 8}, rng), k = random_tensor(DType::float32, {2, 6, 8}, rng),
+               v = random_tensor(DType::float32, {2, 6, 16}, rng);
+  const GradientAgreement a = compare_gradients_with_oracle(q.view(), k.view(), v.view(), {});
+  EXPECT_TRUE(a.ok()) << a.describe();
+  Case c;
+  c.batch = {2, 3};
+  c.heads_q = 4, c.heads_kv = 2;
+  c.mask = Case::Mask::additive;
+  c.mask_shape = {3, 1, 1, 17};
+  expect_agrees(c);
+}
+
+// A bool mask with an all-false row, a float mask with a −inf row, and bottom-right
+// causal with L > S (its first L − S queries see no key): gradients 0, never NaN.
+TEST(CpuBackward, FullyMaskedRowsHaveZeroGradientsNeverNaN) {
+  for (DType dtype : {DType::float32, DType::float64, DType::bfloat16}) {
+    std::mt19937_64 rng(5);
+    const Tensor q = random_tensor(dtype, {1, 2, 6, 8}, rng), k = random_tensor(dtype, {1, 2, 4, 8}, rng),
+                 v = random_tensor(dtype, {1, 2, 4, 8}, rng), g = random_tensor(dtype, {1, 2, 6, 8}, rng);
+    Tensor bool_mask = random_bool({6, 4}, rng, 0.8);
+    Tensor float_mask = random_tensor(dtype, {6, 4}, rng);
+    for (std::int64_t j = 0; j < 4; ++j) {
+      bool_mask.set(2 * 4 + j, 0);
+      float_mask.set(2 * 4 + j, -kInf);
+    }
+    for (const Tensor* mask : {&bool_mask, &float_mask}) {
+      Options options;
+      options.mask = mask->view();
+      const bool float_gradient = mask == &float_mask;
+      const GradientAgreement a = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options, float_gradient);
+      EXPECT_TRUE(a.ok()) << dtype_name(dtype) << ": " << a.describe();
+      const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), options, float_gradient);
+      for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.grad_query.at({0, h, 2, e}), 0.0);
+      if (float_gradient) {
+        for (std::int64_t j = 0; j < 4; ++j) EXPECT_EQ(r.grad_mask.at({2, j}), 0.0);
+      }
+    }
+    Options causal;
+    causal.causal = Causal::bottom_right;
+    const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), causal);
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < 2; ++i)  // queries 0, 1 see keys j <= i − 2: none
+        for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.grad_query.at({0, h, i, e}), 0.0);
+    for (const Tensor* t : {&r.grad_query, &r.grad_key, &r.grad_value})
+      for (std::int64_t n = 0; n < t->numel(); ++n) EXPECT_FALSE(std::isnan(t->get(n)));
+    causal.causal = Causal::top_left;  // L > S top-left: keys past L... none here; S > L: unseen keys
+    const Tensor k_long = random_tensor(dtype, {1, 2, 9, 8}, rng), v_long = random_tensor(dtype, {1, 2, 9, 8}, rng);
+    const BackwardResult unseen = forward_backward(q.view(), k_long.view(), v_long.view(), g.view(), causal);
+    for (std::int64_t j = 6; j < 9; ++j)  // top-left, L = 6: keys 6..8 are seen by no query
+      for (std::int64_t e = 0; e < 8; ++e) {
+        EXPECT_EQ(unseen.grad_key.at({0, 1, j, e}), 0.0);
+        EXPECT_EQ(unseen.grad_value.at({0, 1, j, e}), 0.0);
+      }
+  }
+}
+
+// −inf bands: whole columns of keys removed for every query, some whole key tiles.
+TEST(CpuBackward, MinusInfColumnBands) {
+  std::mt19937_64 rng(7);
+  for (std::int64_t width : {10, 100}) {
+    Tensor mask(DType::float32, {1, 400});
+    for (std::int64_t j = 0; j < 400; ++j) mask.set(j, (j / width) % 3 == 0 ? -kInf : 0.0);
+    const Tensor q = random_tensor(DType::float32, {1, 1, 40, 32}, rng),
+                 k = random_tensor(DType::float32, {1, 1, 400, 32}, rng),
+                 v = random_tensor(DType::float32, {1, 1, 400, 32}, rng);
+    Options options;
+    options.mask = mask.view();
+    const GradientAgreement a = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options, true);
+    EXPECT_TRUE(a.ok()) << a.describe();
+  }
+}
+
+// Scores around 1e4. A float32 score carries an error of at most δ = (γ_E + u)·scale·Σ|q_e k_e|
+// (Higham §3.1), and the stored float32 lse another u·|lse|; P = exp(s − lse) is then off
+// by a factor of at most exp(±2δ'), δ' = δ + u·|lse|. First order, every gradient moves by
+// at most (e^{2δ'} − 1) times what it would be with |P| everywhere, which the oracle's
+// magnitudes bound: that, not 1e-4, bounds any float32 implementation here.
+TEST(CpuBackward, LargeLogitsStayFiniteWithinTheConditioningBound) {
+  std::mt19937_64 rng(8);
+  const std::int64_t E = 64;
+  const Tensor q = random_tensor(DType::float32, {1, 1, 20, E}, rng, 40.0);
+  const Tensor k = random_tensor(DType::float32, {1, 1, 30, E}, rng, 40.0);
+  const Tensor v = random_tensor(DType::float32, {1, 1, 30, E}, rng),
+               g = random_tensor(DType::float32, {1, 1, 20, E}, rng);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E)), u = std::ldexp(1.0, -24);
+  const double gamma = E * u / (1 - E * u);
+  double delta = 0, largest_score = 0;
+  for (std::int64_t i = 0; i < 20; ++i)
+    for (std::int64_t j = 0; j < 30; ++j) {
+      double magnitude = 0, score = 0;
+      for (std::int64_t e = 0; e < E; ++e) {
+        magnitude += std::abs(q.get(i * E + e) * k.get(j * E + e));
+        score += q.get(i * E + e) * k.get(j * E + e);
+      }
+      delta = std::max(delta, (gamma + u) * magnitude * scale);
+      largest_score = std::max(largest_score, std::abs(score * scale));
+    }
+  delta += u * largest_score;  // lse ≈ the row's largest score, stored in float32
+  const BackwardResult fast = forward_backward(q.view(), k.view(), v.view(), g.view(), {});
+  const Tensor q64 = to_float64(q.view()), k64 = to_float64(k.view()), v64 = to_float64(v.view()),
+               g64 = to_float64(g.view());
+  Options reference;
+  reference.backend = Backend::reference;
+  const BackwardResult oracle = forward_backward(q64.view(), k64.view(), v64.view(), g64.view(), reference);
+  const double growth = std::exp(2 * delta) - 1;
+  // |dS| <= P (|dP| + |D|) <= 2 max|dO| max|V|; dQ, dK then gather E... S of them.
+  const double ds_bound = 2 * max_abs(g64) * max_abs(v64) * E;
+  const Tensor* got[] = {&fast.grad_query, &fast.grad_key, &fast.grad_value};
+  const Tensor* want[] = {&oracle.grad_query, &oracle.grad_key, &oracle.grad_value};
+  const double bounds[] = {growth * scale * ds_bound * 30 * max_abs(k64), growth * scale * ds_bound * 20 * max_abs(q64),
+                           growth * 20 * max_abs(g64)};
+  EXPECT_GT(max_abs(oracle.grad_value), 0.1);
+  for (int n = 0; n < 3; ++n) {
+    for (std::int64_t i = 0; i < got[n]->numel(); ++i) EXPECT_TRUE(std::isfinite(got[n]->get(i)));
+    EXPECT_LE(max_abs_diff(to_float64(got[n]->view()), *want[n]), bounds[n] + 1e-4 * std::max(1.0, max_abs(*want[n])))
+        << n;
+  }
+}
+
+// NaN in an unmasked input reaches the gradients of everything it meets (pytorch#141128
+// is the forward's version of turning them into zeros), and never rows that do not see
+// it. Where a NaN at a masked position goes is unspecified (docs/semantics.md), so the
+// oracle is compared on the finite rows only.
+TEST(CpuBackward, NaNInUnmaskedInputsPropagates) {
+  std::mt19937_64 rng(9);
+  Options options;
+  options.causal = Causal::top_left;
+  Options reference = options;
+  reference.backend = Backend::reference;
+  for (int where = 0; where < 3; ++where) {
+    SCOPED_TRACE(where == 0 ? "NaN in Q[5]" : where == 1 ? "NaN in K[5]" : "NaN in V[5]");
+    Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng),
+           k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
+           v = random_tensor(DType::float32, {1, 1, 90, 16}, rng);
+    const Tensor g = random_tensor(DType::float32, {1, 1, 70, 16}, rng);
+    (where == 0 ? q : where == 1 ? k : v).set(5 * 16 + 3, kNaN);
+    const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+    const Tensor q64 = to_float64(q.view()), k64 = to_float64(k.view()), v64 = to_float64(v.view()),
+                 g64 = to_float64(g.view());
+    const BackwardResult oracle = forward_backward(q64.view(), k64.view(), v64.view(), g64.view(), reference);
+    // Q's NaN row 5, or the rows 5.. that see key 5: their dQ is NaN.
+    for (std::int64_t i = 5; i < (where == 0 ? 6 : 70); ++i)
+      EXPECT_TRUE(std::isnan(r.grad_query.at({0, 0, i, 0}))) << i;
+    if (where == 0) {
+      // Row 5's NaN weights reach the keys it sees; rows 0..4 never meet the NaN. (With
+      // the NaN in K or V, 0 · NaN at key 5 may reach rows 0..4 through dS K and through
+      // the forward's O in D = rowsum(dO ∘ O): unspecified, as in the forward.)
+      for (std::int64_t j = 0; j <= 5; ++j) EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, j, 0}))) << j;
+      for (std::int64_t i = 0; i < 5; ++i)
+        for (std::int64_t e = 0; e < 16; ++e)
+          EXPECT_NEAR(r.grad_query.at({0, 0, i, e}), oracle.grad_query.at({0, 0, i, e}), 1e-4) << i;
+    }
+    if (where == 1) {
+      EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, 5, 3})));
+    }
+  }
+}
+
+// A stride-0 (expanded) dO, as autograd hands over for out.sum(), and expanded K and V.
+TEST(CpuBackward, StrideZeroGradOutputAndInputs) {
+  std::mt19937_64 rng(10);
+  const Tensor q = random_tensor(DType::float32, {3, 2, 9, 8}, rng);
+  const Tensor k1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng),
+               v1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng);
+  TensorView k = k1.view(), v = v1.view();
+  k.shape[0] = v.shape[0] = 3;
+  k.strides[0] = v.strides[0] = 0;
+  Tensor one(DType::float32, {1});
+  one.set(0, 1.0);
+  TensorView ones = one.view();
+  ones.shape = {3, 2, 9, 8};
+  ones.strides = {0, 0, 0, 0};
+  const GradientAgreement a = compare_gradients_with_oracle(q.view(), k, v, {}, false, ones);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+// Gradient buffers with any strides: a (B, L, H, E) layout written through the pointer API.
+TEST(CpuBackward, StridedGradientBuffers) {
+  std::mt19937_64 rng(11);
+  const Tensor q = random_tensor(DType::float32, {2, 3, 10, 8}, rng),
+               k = random_tensor(DType::float32, {2, 3, 12, 8}, rng),
+               v = random_tensor(DType::float32, {2, 3, 12, 8}, rng),
+               g = random_tensor(DType::float32, {2, 3, 10, 8}, rng);
+  const ForwardResult fwd = forward(q.view(), k.view(), v.view(), {}, Returns{false, true});
+  const BackwardInputs in{q.view(), k.view(), v.view(), fwd.output.view(), fwd.lse.view(), g.view()};
+  const BackwardResult packed = backward(in);
+  StridedCopy dq = heads_interleaved(Tensor(DType::float32, {2, 3, 10, 8})),
+              dk = heads_interleaved(Tensor(DType::float32, {2, 3, 12, 8})),
+              dv = heads_interleaved(Tensor(DType::float32, {2, 3, 12, 8}));
+  backward(in, BackwardOutputs{dq.view, dk.view, dv.view, std::nullopt});
+  EXPECT_EQ(max_abs_diff(to_float64(dq.view), to_float64(packed.grad_query.view())), 0.0);
+  EXPECT_EQ(max_abs_diff(to_float64(dk.view), to_float64(packed.grad_key.view())), 0.0);
+  EXPECT_EQ(max_abs_diff(to_float64(dv.view), to_float64(packed.grad_value.view())), 0.0);
+}
+
+TEST(CpuBackward, EmptyShapesGiveZeroGradients) {
+  std::mt19937_64 rng(12);
+  // S = 0: dQ = 0.
+  const Tensor q = random_tensor(DType::float32, {1, 2, 3, 4}, rng),
+               g = random_tensor(DType::float32, {1, 2, 3, 5}, rng);
+  const Tensor k(DType::float32, {1, 2, 0, 4}), v(DType::float32, {1, 2, 0, 5});
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), {});
+  EXPECT_EQ(r.grad_query.shape(), q.shape());
+  for (std::int64_t n = 0; n < r.grad_query.numel(); ++n) EXPECT_EQ(r.grad_query.get(n), 0.0);
+  // L = 0: dK = dV = 0. Batch 0: nothing.
+  for (const Shape& qs : {Shape{1, 2, 0, 4}, Shape{0, 2, 3, 4}}) {
+    const Tensor q0(DType::float32, qs), g0(DType::float32, {qs[0], 2, qs[2], 5});
+    const Tensor k0 = random_tensor(DType::float32, {qs[0], 2, 6, 4}, rng),
+                 v0 = random_tensor(DType::float32, {qs[0], 2, 6, 5}, rng);
+    const BackwardResult e = forward_backward(q0.view(), k0.view(), v0.view(), g0.view(), {});
+    EXPECT_EQ(e.grad_key.shape(), k0.shape());
+    for (std::int64_t n = 0; n < e.grad_key.numel(); ++n) EXPECT_EQ(e.grad_key.get(n), 0.0);
+    for (std::int64_t n = 0; n < e.grad_value.numel(); ++n) EXPECT_EQ(e.grad_value.get(n), 0.0);
+  }
+  // Ev = 0: the output is empty, so every gradient is 0.
+  const Tensor k6 = random_tensor(DType::float32, {1, 2, 6, 4}, rng), v6(DType::float32, {1, 2, 6, 0}),
+               g6(DType::float32, {1, 2, 3, 0});
+  const BackwardResult e = forward_backward(q.view(), k6.view(), v6.view(), g6.view(), {});
+  for (std::int64_t n = 0; n < e.grad_query.numel(); ++n) EXPECT_EQ(e.grad_query.get(n), 0.0);
+  for (std::int64_t n = 0; n < e.grad_key.numel(); ++n) EXPECT_EQ(e.grad_key.get(n), 0.0);
+}
+
+// Same inputs and options: bitwise the same gradients with 1, 2 and 3 threads, with
+// GQA, a broadcast float mask (its gradient summed), dropout, and key chunks.
+TEST(CpuBackward, BitwiseDeterministicAcrossThreadCounts) {
+  for (DType dtype : {DType::float32, DType::float64, DType::bfloat16})
+    for (std::int64_t S : {257, 5000}) {  // 5000 keys: two key chunks with their dQ partials summed
+      Case c;
+      c.dtype = dtype;
+      c.heads_q = 4, c.heads_kv = 2, c.L = S == 257 ? 130 : 40, c.S = S, c.E = 40, c.Ev = 24;
+      c.mask = Case::Mask::additive;
+      c.mask_shape = {c.L, c.S};
+      c.causal = Causal::bottom_right;
+      c.dropout_p = 0.3;
+      Inputs in = make_inputs(c, 12);
+      const Tensor g = random_grad_output(in.qv(), in.vv(), 3);
+      std::vector<BackwardResult> results;
+      for (int threads : {1, 2, 3}) {
+        in.options.num_threads = threads;
+        results.push_back(forward_backward(in.qv(), in.kv(), in.vv(), g.view(), in.options, true));
+      }
+      for (std::size_t r = 1; r < results.size(); ++r) {
+        SCOPED_TRACE(c.name());
+        EXPECT_TRUE(bitwise_equal(results[0].grad_query, results[r].grad_query));
+        EXPECT_TRUE(bitwise_equal(results[0].grad_key, results[r].grad_key));
+        EXPECT_TRUE(bitwise_equal(results[0].grad_value, results[r].grad_value));
+        EXPECT_TRUE(bitwise_equal(results[0].grad_mask, results[r].grad_mask));
+      }
+    }
+}
+
+// Few (batch, KV head) pairs and long keys: the keys are split into chunks whose partial
+// dQ are summed in a fixed order; they must agree with the oracle.
+TEST(CpuBackward, KeyChunksMatchOracle) {
+  for (DType dtype : {DType::float32, DType::bfloat16})
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Case c;
+      c.dtype = dtype;
+      c.batch = {1};
+      c.heads_q = 5, c.heads_kv = 1, c.L = 3, c.S = 9001, c.E = 16, c.Ev = 24;
+      c.causal = causal;
+      c.mask = Case::Mask::additive;
+      c.mask_shape = {c.S};
+      expect_agrees(c, 21);
+    }
+}
+
+// The fast path in float64 (the portable tiled kernel) against central differences of
+// its own forward.
+TEST(CpuBackward, Float64MatchesFiniteDifferences) {
+  std::mt19937_64 rng(13);
+  Tensor q = random_tensor(DType::float64, {2, 4, 5, 3}, rng), k = random_tensor(DType::float64, {2, 2, 7, 3}, rng),
+         v = random_tensor(DType::float64, {2, 2, 7, 2}, rng), mask = random_tensor(DType::float64, {4, 1, 7}, rng);
+  const Tensor g = random_tensor(DType::float64, {2, 4, 5, 2}, rng);
+  mask.set(3, -kInf);
+  Options o;
+  o.mask = mask.view();
+  o.causal = Causal::bottom_right;
+  o.dropout_p = 0.2;
+  o.seed = 5;
+  auto loss = [&] { return dot(forward(q.view(), k.view(), v.view(), o).output, g); };
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), o, true);
+  EXPECT_LE(max_abs_diff(r.grad_query, numerical_gradient(q, loss)), 1e-8);
+  EXPECT_LE(max_abs_diff(r.grad_key, numerical_gradient(k, loss)), 1e-8);
+  EXPECT_LE(max_abs_diff(r.grad_value, numerical_gradient(v, loss)), 1e-8);
+  EXPECT_LE(max_abs_diff(r.grad_mask, numerical_gradient(mask, loss)), 1e-8);
+}
+
+// The SIMD path in float32 against central differences of the float64 loss, with a
+// step large enough for float32 (the comparison is at 1e-3 of the gradient scale).
+TEST(CpuBackward, Float32MatchesFiniteDifferences) {
+  std::mt19937_64 rng(14);
+  Tensor q = random_tensor(DType::float64, {1, 2, 6, 4}, rng), k = random_tensor(DType::float64, {1, 1, 9, 4}, rng),
+         v = random_tensor(DType::float64, {1, 1, 9, 3}, rng);
+  const Tensor g = random_tensor(DType::float64, {1, 2, 6, 3}, rng);
+  Options o64;
+  o64.backend = Backend::reference;
+  o64.causal = Causal::top_left;
+  auto loss = [&] { return dot(forward(q.view(), k.view(), v.view(), o64).output, g); };
+  const Tensor q32 = convert(q, DType::float32), k32 = convert(k, DType::float32), v32 = convert(v, DType::float32),
+               g32 = convert(g, DType::float32);
+  Options o;
+  o.causal = Causal::top_left;
+  const BackwardResult r = forward_backward(q32.view(), k32.view(), v32.view(), g32.view(), o);
+  EXPECT_LE(max_abs_diff(to_float64(r.grad_query.view()), numerical_gradient(q, loss)), 1e-4);
+  EXPECT_LE(max_abs_diff(to_float64(r.grad_key.view()), numerical_gradient(k, loss)), 1e-4);
+  EXPECT_LE(max_abs_diff(to_float64(r.grad_value.view()), numerical_gradient(v, loss)), 1e-4);
+}
+
+// The portable tiled kernel, run in float32, is a second opinion on the SIMD one.
+TEST(CpuBackward, PortableTiledKernelInFloat32MatchesOracle) {
+  std::mt19937_64 rng(15);
+  const Tensor q = random_tensor(DType::float32, {1, 4, 70, 24}, rng),
+               k = random_tensor(DType::float32, {1, 2, 90, 24}, rng),
+               v = random_tensor(DType::float32, {1, 2, 90, 16}, rng),
+               g = random_tensor(DType::float32, {1, 4, 70, 16}, rng);
+  Tensor mask = random_tensor(DType::float32, {70, 90}, rng);
+  Options o;
+  o.mask = mask.view();
+  o.causal = Causal::top_left;
+  o.dropout_p = 0.25;
+  const ForwardResult fwd = forward(q.view(), k.view(), v.view(), o, Returns{false, true});
+  const BackwardInputs in{q.view(), k.view(), v.view(), fwd.output.view(), fwd.lse.view(), g.view()};
+  const BackwardResult simd = backward(in, o, true);
+  BackwardResult tiled{Tensor(DType::float32, q.shape()), Tensor(DType::float32, k.shape()),
+                       Tensor(DType::float32, v.shape()), Tensor(DType::float32, mask.shape())};
+  const TensorView qv = q.view(), kv = k.view(), vv = v.view();  // check_inputs keeps pointers to them
+  const detail::CheckedInputs checked = detail::check_inputs(qv, kv, vv, o);
+  detail::CheckedBackward call = detail::make_backward_problem(
+      checked, in,
+      BackwardOutputs{tiled.grad_query.view(), tiled.grad_key.view(), tiled.grad_value.view(), std::nullopt});
+  detail::cpu_backward_tiled(call.problem);
+  const Tensor* a[] = {&simd.grad_query, &simd.grad_key, &simd.grad_value};
+  const Tensor* b[] = {&tiled.grad_query, &tiled.grad_key, &tiled.grad_value};
+  for (int n = 0; n < 3; ++n)
+    EXPECT_LE(max_abs_diff(to_float64(a[n]->view()), to_float64(b[n]->view())),
+              1e-4 * std::max(1.0, max_abs(to_float64(a[n]->view()))))
+        << n;
+}
+
+// Every SIMD target the CPU supports (AVX-512, AVX2, SSE4, scalar) meets the contract on
+// its own, so that a machine without AVX-512 gets the same gradients' accuracy.
+TEST(CpuBackward, EveryTargetMatchesOracle) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::mt19937_64 rng(static_cast<std::uint64_t>(target));
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+      const Tensor q = random_tensor(dtype, {2, 6, 37, 40}, rng), k = random_tensor(dtype, {2, 2, 101, 40}, rng),
+                   v = random_tensor(dtype, {2, 2, 101, 24}, rng);
+      const Tensor mask = random_tensor(DType::float32, {37, 101}, rng);
+      Options options;
+      options.mask = mask.view();
+      options.causal = Causal::bottom_right;
+      options.dropout_p = 0.25;
+      const GradientAgreement a = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options, true);
+      EXPECT_TRUE(a.ok()) << dtype_name(dtype) << ": " << a.describe();
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+}  // namespace
+}  // namespace sdpa::testing

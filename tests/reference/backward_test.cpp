@@ -1,0 +1,189 @@
+// The oracle backward against what needs no implementation to know: finite differences
+// of its own forward, closed forms, and the structure of GQA and masking.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "testing/gradients.h"
+
+namespace sdpa::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Options reference() {
+  Options o;
+  o.backend = Backend::reference;
+  return o;
+}
+
+// loss = Σ G ∘ forward(Q, K, V): its gradients are the backward's with dO = G.
+struct FiniteDifferenceCase {
+  Tensor q, k, v, mask, g;
+  Options options;
+
+  double loss() const {
+    const ForwardResult r = forward(q.view(), k.view(), v.view(), options);
+    return dot(r.output, g);
+  }
+
+  // Every gradient of the backward (backend `backend`) against central differences;
+  // the mask's when it is a float mask.
+  void check(Backend backend, double tolerance) {
+    Options o = options;
+    o.backend = backend;
+    const bool float_mask = mask.numel() > 0 && mask.dtype() != DType::boolean;
+    const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), o, float_mask);
+    auto f = [this] { return loss(); };
+    EXPECT_LE(max_abs_diff(got.grad_query, numerical_gradient(q, f)), tolerance) << "grad_query";
+    EXPECT_LE(max_abs_diff(got.grad_key, numerical_gradient(k, f)), tolerance) << "grad_key";
+    EXPECT_LE(max_abs_diff(got.grad_value, numerical_gradient(v, f)), tolerance) << "grad_value";
+    if (float_mask) {
+      EXPECT_LE(max_abs_diff(got.grad_mask, numerical_gradient(mask, f)), tolerance) << "grad_mask";
+    }
+  }
+};
+
+// GQA (2 query heads per KV head), L ≠ S, Ev ≠ E, a float mask broadcast over batch and
+// heads with a −inf entry, bottom-right causal and dropout: every path of the chain rule.
+FiniteDifferenceCase hostile_case(std::uint64_t seed, double dropout_p) {
+  std::mt19937_64 rng(seed);
+  FiniteDifferenceCase c;
+  c.q = random_tensor(DType::float64, {2, 4, 3, 5}, rng);
+  c.k = random_tensor(DType::float64, {2, 2, 6, 5}, rng);
+  c.v = random_tensor(DType::float64, {2, 2, 6, 4}, rng);
+  c.g = random_tensor(DType::float64, {2, 4, 3, 4}, rng);
+  c.mask = random_tensor(DType::float64, {3, 6}, rng);
+  c.mask.set(1 * 6 + 2, -kInf);
+  c.options = reference();
+  c.options.mask = c.mask.view();
+  c.options.causal = Causal::bottom_right;
+  c.options.dropout_p = dropout_p;
+  c.options.seed = seed;
+  return c;
+}
+
+TEST(ReferenceBackward, MatchesFiniteDifferences) { hostile_case(1, 0.0).check(Backend::reference, 1e-8); }
+
+// The dropout mask is a fixed function of the seed, so the loss stays differentiable.
+TEST(ReferenceBackward, MatchesFiniteDifferencesWithDropout) { hostile_case(2, 0.3).check(Backend::reference, 1e-8); }
+
+TEST(ReferenceBackward, MatchesFiniteDifferencesWithBoolMaskAndTopLeftCausal) {
+  std::mt19937_64 rng(3);
+  FiniteDifferenceCase c;
+  c.q = random_tensor(DType::float64, {1, 2, 5, 3}, rng);
+  c.k = random_tensor(DType::float64, {1, 2, 4, 3}, rng);
+  c.v = random_tensor(DType::float64, {1, 2, 4, 3}, rng);
+  c.g = random_tensor(DType::float64, {1, 2, 5, 3}, rng);
+  c.mask = random_bool({1, 2, 5, 4}, rng, 0.7);
+  c.options = reference();
+  c.options.mask = c.mask.view();
+  c.options.causal = Causal::top_left;
+  c.options.scale = -0.8;
+  c.check(Backend::reference, 1e-8);
+}
+
+// One key: the output is that key's value whatever Q and K are, so dQ = dK = 0 and
+// dV = Σ_i dO_i.
+TEST(ReferenceBackward, OneKeyPassesTheGradientToTheValue) {
+  std::mt19937_64 rng(4);
+  const Tensor q = random_tensor(DType::float64, {1, 3, 4}, rng), k = random_tensor(DType::float64, {1, 1, 4}, rng),
+               v = random_tensor(DType::float64, {1, 1, 2}, rng), g = random_tensor(DType::float64, {1, 3, 2}, rng);
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), reference());
+  for (std::int64_t n = 0; n < r.grad_query.numel(); ++n) EXPECT_NEAR(r.grad_query.get(n), 0.0, 1e-15);
+  for (std::int64_t n = 0; n < r.grad_key.numel(); ++n) EXPECT_NEAR(r.grad_key.get(n), 0.0, 1e-15);
+  for (std::int64_t c = 0; c < 2; ++c) EXPECT_NEAR(r.grad_value.get(c), g.get(c) + g.get(2 + c) + g.get(4 + c), 1e-15);
+}
+
+// Two keys: P_1 = σ(Δ), Δ = scale·q·(k_1 − k_0), so dL/dq = scale·σ'(Δ)·(g·(v_1 − v_0))·(k_1 − k_0).
+TEST(ReferenceBackward, TwoKeysGiveTheLogisticDerivative) {
+  Tensor q(DType::float64, {1, 1, 2}), k(DType::float64, {1, 2, 2}), v(DType::float64, {1, 2, 1}),
+      g(DType::float64, {1, 1, 1});
+  q.set(0, 1.0), q.set(1, 2.0);
+  k.set(0, 0.5), k.set(1, -1.0), k.set(2, 3.0), k.set(3, 0.25);
+  v.set(0, 10.0), v.set(1, -4.0);
+  g.set(0, 1.5);
+  Options o = reference();
+  o.scale = 0.5;
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), o);
+  const double delta = 0.5 * ((1.0 * 3.0 + 2.0 * 0.25) - (1.0 * 0.5 + 2.0 * -1.0));
+  const double s = 1.0 / (1.0 + std::exp(-delta)), ds = s * (1 - s);
+  const double chain = 0.5 * ds * 1.5 * (-4.0 - 10.0);
+  EXPECT_NEAR(r.grad_query.get(0), chain * (3.0 - 0.5), 1e-14);
+  EXPECT_NEAR(r.grad_query.get(1), chain * (0.25 - -1.0), 1e-14);
+  EXPECT_NEAR(r.grad_value.get(0), 1.5 * (1 - s), 1e-14);
+  EXPECT_NEAR(r.grad_value.get(1), 1.5 * s, 1e-14);
+}
+
+// dK, dV of a KV head shared by a group are the sums of what each query head would give
+// it with its own copy.
+TEST(ReferenceBackward, GqaKeyAndValueGradientsSumOverTheGroup) {
+  std::mt19937_64 rng(5);
+  const Tensor q = random_tensor(DType::float64, {1, 3, 4, 2}, rng),
+               k = random_tensor(DType::float64, {1, 1, 5, 2}, rng),
+               v = random_tensor(DType::float64, {1, 1, 5, 3}, rng),
+               g = random_tensor(DType::float64, {1, 3, 4, 3}, rng);
+  const BackwardResult shared = forward_backward(q.view(), k.view(), v.view(), g.view(), reference());
+  TensorView k3 = k.view(), v3 = v.view();  // the same K and V repeated for 3 heads (stride 0)
+  k3.shape[1] = v3.shape[1] = 3;
+  k3.strides[1] = v3.strides[1] = 0;
+  const BackwardResult repeated = forward_backward(q.view(), k3, v3, g.view(), reference());
+  EXPECT_LE(max_abs_diff(shared.grad_query, repeated.grad_query), 1e-15);
+  for (std::int64_t n = 0; n < k.numel(); ++n)
+    EXPECT_NEAR(shared.grad_key.get(n),
+                repeated.grad_key.get(n) + repeated.grad_key.get(10 + n) + repeated.grad_key.get(20 + n), 1e-14);
+  for (std::int64_t n = 0; n < v.numel(); ++n)
+    EXPECT_NEAR(shared.grad_value.get(n),
+                repeated.grad_value.get(n) + repeated.grad_value.get(15 + n) + repeated.grad_value.get(30 + n), 1e-14);
+}
+
+// A row that sees no key has output 0 whatever Q, K, V: all its gradients are 0, never
+// NaN (PyTorch >= 2.5, FlashAttention).
+TEST(ReferenceBackward, FullyMaskedRowsHaveZeroGradients) {
+  std::mt19937_64 rng(6);
+  const Tensor q = random_tensor(DType::float64, {1, 4, 3}, rng), k = random_tensor(DType::float64, {1, 5, 3}, rng),
+               v = random_tensor(DType::float64, {1, 5, 2}, rng), g = random_tensor(DType::float64, {1, 4, 2}, rng);
+  Tensor mask = random_tensor(DType::float64, {4, 5}, rng);
+  for (std::int64_t j = 0; j < 5; ++j) mask.set(2 * 5 + j, -kInf);  // row 2 fully masked
+  Options o = reference();
+  o.mask = mask.view();
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), o, true);
+  for (std::int64_t e = 0; e < 3; ++e) EXPECT_EQ(r.grad_query.at({0, 2, e}), 0.0);
+  for (std::int64_t j = 0; j < 5; ++j) EXPECT_EQ(r.grad_mask.at({2, j}), 0.0);
+  for (const Tensor* t : {&r.grad_query, &r.grad_key, &r.grad_value, &r.grad_mask})
+    for (std::int64_t n = 0; n < t->numel(); ++n) EXPECT_FALSE(std::isnan(t->get(n)));
+  // The other rows' gradients do not see row 2 at all.
+  Tensor g_without = g;
+  for (std::int64_t c = 0; c < 2; ++c) g_without.set(2 * 2 + c, 0.0);
+  const BackwardResult r0 = forward_backward(q.view(), k.view(), v.view(), g_without.view(), o);
+  EXPECT_LE(max_abs_diff(r.grad_key, r0.grad_key), 0.0);
+  EXPECT_LE(max_abs_diff(r.grad_value, r0.grad_value), 0.0);
+}
+
+// The mask gradient of a broadcast mask is the full dS summed over the broadcast dims.
+TEST(ReferenceBackward, BroadcastMaskGradientSumsOverBroadcastDims) {
+  std::mt19937_64 rng(7);
+  const Tensor q = random_tensor(DType::float64, {2, 3, 4, 2}, rng),
+               k = random_tensor(DType::float64, {2, 3, 5, 2}, rng),
+               v = random_tensor(DType::float64, {2, 3, 5, 2}, rng),
+               g = random_tensor(DType::float64, {2, 3, 4, 2}, rng);
+  const Tensor full_mask = random_tensor(DType::float64, {2, 3, 4, 5}, rng);
+  Tensor mask(DType::float64, {3, 1, 5});  // broadcast along batch and query rows
+  for (std::int64_t n = 0; n < mask.numel(); ++n) mask.set(n, full_mask.get(n));
+  Options o = reference();
+  o.mask = mask.view();
+  const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), o, true);
+  TensorView expanded = mask.view();  // the same mask, expanded to full shape (stride 0)
+  expanded.shape = {2, 3, 4, 5};
+  expanded.strides = {0, 5, 0, 1};
+  o.mask = expanded;
+  const BackwardResult full = forward_backward(q.view(), k.view(), v.view(), g.view(), o, true);
+  EXPECT_EQ(r.grad_mask.shape(), (Shape{3, 1, 5}));
+  EXPECT_LE(max_abs_diff(r.grad_mask, sum_to_shape(full.grad_mask, {3, 1, 5})), 1e-14);
+  EXPECT_LE(max_abs_diff(r.grad_query, full.grad_query), 0.0);
+}
+
+}  // namespace
+}  // namespace sdpa::testing
