@@ -37,73 +37,19 @@
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
 #include "cpu/exp2-inl.h"
+#include "cpu/tiles-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace {
 
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
+using namespace tiles;  // NOLINT(google-build-using-namespace): the shared tile kernels
 
-// Register blocks: (keys × 2 row vectors) accumulators for QK, (value dims × 2) for PV.
-// AVX-512 has 32 vector registers, AVX2 and SSE 16.
-constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
-constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
-constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key blocks
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
 // bfloat16 inputs use the vdpbf16ps microkernels (cpu/bf16_kernels.h), written for 32-row
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
-
-// Sᵀ[k][·] = Σ_e K[k][e] · Qᵀ[e][·] for kKeyBlock keys and the tile's 2 row vectors.
-HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E,
-                           const float* HWY_RESTRICT k, std::int64_t k_stride, float* HWY_RESTRICT st) {
-  const DF df;
-  const std::size_t N = hn::Lanes(df);
-  VF acc0[kKeyBlock], acc1[kKeyBlock];
-  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
-  for (std::int64_t e = 0; e < E; ++e) {
-    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
-    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
-      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
-      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
-      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
-    }
-  }
-  for (std::size_t c = 0; c < kKeyBlock; ++c) {
-    hn::Store(acc0[c], df, st + c * rows);
-    hn::Store(acc1[c], df, st + c * rows + N);
-  }
-}
-
-// Oᵀ[d][·] += Σ_c V[c][d] · Pᵀ[c][·] for `Block` value dims starting at `v`.
-template <std::size_t Block>
-HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t rows, std::int64_t cols,
-                                const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot) {
-  const DF df;
-  const std::size_t N = hn::Lanes(df);
-  VF acc0[Block], acc1[Block];
-  for (std::size_t d = 0; d < Block; ++d) {
-    acc0[d] = hn::Load(df, ot + d * rows);
-    acc1[d] = hn::Load(df, ot + d * rows + N);
-  }
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const VF p0 = hn::Load(df, pt + c * rows), p1 = hn::Load(df, pt + c * rows + N);
-    _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
-      const VF value = hn::Set(df, v[c * v_stride + static_cast<std::int64_t>(d)]);
-      acc0[d] = hn::MulAdd(p0, value, acc0[d]);
-      acc1[d] = hn::MulAdd(p1, value, acc1[d]);
-    }
-  }
-  for (std::size_t d = 0; d < Block; ++d) {
-    hn::Store(acc0[d], df, ot + d * rows);
-    hn::Store(acc1[d], df, ot + d * rows + N);
-  }
-}
 
 // A query row of the current task: which (batch, head, i) it is.
 struct Row {
@@ -120,8 +66,6 @@ struct Subtile {
   std::int64_t key_limit = 0;                       // no row sees a key at or past it
   std::int64_t min_key_end = 0;                     // every row sees the keys before it
 };
-
-constexpr std::int64_t kSubtiles = 4;
 
 // Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows per subtile.
 struct Scratch {
@@ -154,93 +98,6 @@ struct Scratch {
   }
 };
 
-// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
-// The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
-// a vector at a time (F16C / shifts).
-void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
-             float* out) {
-  const std::byte* base = op.address(matrix, row, col0);
-  const std::int64_t step = op.col_stride;
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  auto each = [&](auto convert, std::size_t size) {
-    for (std::int64_t c = 0; c < count; ++c) out[c] = convert(base + c * step * static_cast<std::int64_t>(size));
-  };
-  switch (op.dtype) {
-    case DType::float32:
-      each([](const std::byte* p) { float v; std::memcpy(&v, p, 4); return v; }, 4);
-      return;
-    case DType::float64:
-      each([](const std::byte* p) { double v; std::memcpy(&v, p, 8); return static_cast<float>(v); }, 8);
-      return;
-    case DType::boolean:
-      each([](const std::byte* p) { return *p != std::byte{0} ? 1.0f : 0.0f; }, 1);
-      return;
-    case DType::float16:
-    case DType::bfloat16: {
-      const bool half = op.dtype == DType::float16;
-      std::int64_t c = 0;
-      if (step == 1) {
-        const hn::Rebind<hwy::float16_t, DF> dh;
-        const hn::Rebind<hwy::bfloat16_t, DF> db;
-        for (; c + N <= count; c += N) {
-          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
-                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
-          hn::StoreU(v, df, out + c);
-        }
-      }
-      for (; c < count; ++c) {
-        std::uint16_t bits;
-        std::memcpy(&bits, base + c * step * 2, 2);
-        out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
-      }
-      return;
-    }
-  }
-}
-
-// Stores `count` float32 values into row `row` of `op` from column `col0`, rounded to
-// its dtype (nearest even), with the dtype switch hoisted out of the loop.
-void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
-              const float* in) {
-  std::byte* base = op.address(matrix, row, col0);
-  const std::int64_t step = op.col_stride * static_cast<std::int64_t>(op.element_size);
-  auto each = [&](auto store) {
-    for (std::int64_t c = 0; c < count; ++c) store(base + c * step, in[c]);
-  };
-  switch (op.dtype) {
-    case DType::float32:
-      each([](std::byte* p, float v) { std::memcpy(p, &v, 4); });
-      return;
-    case DType::float64:
-      each([](std::byte* p, float v) { const double d = v; std::memcpy(p, &d, 8); });
-      return;
-    case DType::float16:
-      each([](std::byte* p, float v) { const std::uint16_t h = float_to_fp16(v); std::memcpy(p, &h, 2); });
-      return;
-    case DType::bfloat16:
-      each([](std::byte* p, float v) { const std::uint16_t h = float_to_bf16(v); std::memcpy(p, &h, 2); });
-      return;
-    case DType::boolean:
-      return;  // never an output dtype (validated)
-  }
-}
-
-// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
-// when it already is (no copy), else converted into `tile`, zero-padded to `padded`
-// rows so that whole register blocks can run over it.
-const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
-                          std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
-  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded) {
-    *stride = op.row_stride;
-    return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
-  }
-  for (std::int64_t c = 0; c < cols; ++c) LoadRow(op, matrix, j0 + c, 0, width, tile + c * width);
-  std::fill(tile + cols * width, tile + padded * width, 0.0f);
-  *stride = width;
-  return tile;
-}
-
 // Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
 // when it is laid out so, else a zero-padded copy. K's rows are read in pairs, so for K
 // (`pairs`) an odd width is padded to even.
@@ -259,8 +116,6 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
   *stride = width_even;
   return tile;
 }
-
-std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 // Floats in one subtile's saved state: m and l per row, then Oᵀ.
 std::int64_t StateSize(const Problem& p) {
@@ -429,7 +284,7 @@ class Task {
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-        ScoreBlock(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows);
+        ScoreBlock(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
     }
     padded_cols_ = padded;
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
@@ -540,11 +395,7 @@ class Task {
       bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }
-    std::int64_t d = 0;
-    for (; d + static_cast<std::int64_t>(kValueBlock) <= p_.Ev; d += kValueBlock)
-      AccumulateBlock<kValueBlock>(s_.st.get(), s_.rows, cols, values_.f32 + d, values_.stride, t.ot.get() + d * s_.rows);
-    for (; d < p_.Ev; ++d)
-      AccumulateBlock<1>(s_.st.get(), s_.rows, cols, values_.f32 + d, values_.stride, t.ot.get() + d * s_.rows);
+    tiles::Accumulate(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
   }
 
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.

@@ -39,79 +39,20 @@
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
 #include "cpu/exp2-inl.h"
+#include "cpu/tiles-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace {
 
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
+using namespace tiles;  // NOLINT(google-build-using-namespace): the kernels and constants shared with the forward
 
-// Register blocks. AVX-512 has 32 vector registers, AVX2 and SSE 16.
-//   scores:       kKeyBlock keys × 2 row vectors of accumulators
-//   dQᵀ:          kDimBlock dims × 2 row vectors
-//   dK, dV:       kRankKeys keys × up to 4 vectors of dims
-constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
-constexpr std::size_t kDimBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
+// Register blocks beyond the shared ones (tiles-inl.h): dK, dV accumulate kRankKeys
+// keys × up to 4 vectors of dims. kKeyTile is a multiple of it.
 constexpr std::size_t kRankKeys = HWY_MAX_BYTES >= 64 ? 6 : 3;
-constexpr std::int64_t kKeyTile = 96;  // a multiple of kKeyBlock and kRankKeys
-constexpr std::int64_t kSubtiles = 4;  // subtiles of 2 vectors of rows share each K/V tile
-constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+static_assert(kKeyTile % kRankKeys == 0);
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr double kLog2e = 1.4426950408889634;
-
-std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-// st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for kKeyBlock keys c and
-// the subtile's 2 row vectors (Sᵀ from K and Qᵀ; dPᵀ from V and dOᵀ).
-HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
-                           std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
-  const DF df;
-  const std::size_t N = hn::Lanes(df);
-  VF acc0[kKeyBlock], acc1[kKeyBlock];
-  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
-  for (std::int64_t e = 0; e < E; ++e) {
-    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
-    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
-      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
-      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
-      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
-    }
-  }
-  for (std::size_t c = 0; c < kKeyBlock; ++c) {
-    hn::Store(acc0[c], df, st + c * st_stride);
-    hn::Store(acc1[c], df, st + c * st_stride + N);
-  }
-}
-
-// ot[d·rows + ·] += Σ_c k[c·k_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
-// the subtile's 2 row vectors (dQᵀ += Kᵀ-broadcast ⊗ dSᵀ).
-template <std::size_t Block>
-HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
-                                const float* HWY_RESTRICT k, std::int64_t k_stride, float* HWY_RESTRICT ot,
-                                std::size_t rows) {
-  const DF df;
-  const std::size_t N = hn::Lanes(df);
-  VF acc0[Block], acc1[Block];
-  for (std::size_t d = 0; d < Block; ++d) {
-    acc0[d] = hn::Load(df, ot + d * rows);
-    acc1[d] = hn::Load(df, ot + d * rows + N);
-  }
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const VF p0 = hn::Load(df, pt + c * pt_stride), p1 = hn::Load(df, pt + c * pt_stride + N);
-    _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
-      const VF key = hn::Set(df, k[c * k_stride + static_cast<std::int64_t>(d)]);
-      acc0[d] = hn::MulAdd(p0, key, acc0[d]);
-      acc1[d] = hn::MulAdd(p1, key, acc1[d]);
-    }
-  }
-  for (std::size_t d = 0; d < Block; ++d) {
-    hn::Store(acc0[d], df, ot + d * rows);
-    hn::Store(acc1[d], df, ot + d * rows + N);
-  }
-}
 
 // acc[c·acc_stride + v·N + ·] += Σ_{r0 <= r < r1} wt[c·wt_stride + r] · x[r·x_stride + v·N + ·]
 // for kRankKeys keys c and `Vectors` vectors v of dims: dV += Wᵀ-broadcast ⊗ dO rows,
@@ -135,60 +76,6 @@ HWY_INLINE void RankUpdate(const float* HWY_RESTRICT wt, std::size_t wt_stride, 
   }
   for (std::size_t c = 0; c < kRankKeys; ++c)
     for (std::size_t v = 0; v < Vectors; ++v) hn::Store(a[c][v], df, acc + c * acc_stride + v * N);
-}
-
-// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32;
-// contiguous float16/bfloat16 rows a vector at a time.
-void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
-             float* out) {
-  if (count <= 0) return;  // an empty row may have no memory behind it
-  const std::byte* base = op.address(matrix, row, col0);
-  const std::int64_t step = op.col_stride;
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  switch (op.dtype) {
-    case DType::float32:
-      for (std::int64_t c = 0; c < count; ++c) std::memcpy(out + c, base + c * step * 4, 4);
-      return;
-    case DType::float16:
-    case DType::bfloat16: {
-      const bool half = op.dtype == DType::float16;
-      std::int64_t c = 0;
-      if (step == 1) {
-        const hn::Rebind<hwy::float16_t, DF> dh;
-        const hn::Rebind<hwy::bfloat16_t, DF> db;
-        for (; c + N <= count; c += N) {
-          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
-                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
-          hn::StoreU(v, df, out + c);
-        }
-      }
-      for (; c < count; ++c) {
-        std::uint16_t bits;
-        std::memcpy(&bits, base + c * step * 2, 2);
-        out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
-      }
-      return;
-    }
-    default:  // float64 (a mask) and bool (a mask)
-      for (std::int64_t c = 0; c < count; ++c) out[c] = op.load<float>(matrix, row, col0 + c);
-      return;
-  }
-}
-
-// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself when
-// it already is and no padding is needed, else converted into `tile`, zero-padded to
-// `padded` rows (whole register blocks run over them).
-const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
-                          std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
-  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded) {
-    *stride = op.row_stride;
-    return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
-  }
-  for (std::int64_t c = 0; c < cols; ++c) LoadRow(op, matrix, j0 + c, 0, width, tile + c * width);
-  std::fill(tile + cols * width, tile + padded * width, 0.0f);
-  *stride = width;
-  return tile;
 }
 
 // A query row of the current block: which (matrix, head, i) it is and how many keys it sees.
@@ -355,10 +242,7 @@ class Task {
       last_active = g;
       // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
       const float* dst = s_.dpt.get() + g * R;
-      std::int64_t e = 0;
-      for (; e + static_cast<std::int64_t>(kDimBlock) <= p_.E; e += kDimBlock)
-        AccumulateBlock<kDimBlock>(dst, BR, visible, k + e, k_stride, t.dqt.get() + e * R, s_.rows);
-      for (; e < p_.E; ++e) AccumulateBlock<1>(dst, BR, visible, k + e, k_stride, t.dqt.get() + e * R, s_.rows);
+      tiles::Accumulate(dst, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
     }
     if (first_active < 0) return;
     // dV += Wᵀ ⊗ dO rows, dK += dSᵀ ⊗ Q rows, over the rows of the active subtiles.
