@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "sdpa/sdpa.h"
 
 namespace nb = nanobind;
@@ -47,15 +48,7 @@ std::string describe(const nb::dlpack::dtype& dt) {
 // Maps a DLPack dtype onto sdpa's. Anything else is a TypeError naming the argument; a bool
 // query reaches the library, which reports it in its own words.
 sdpa::DType dtype_of(const nb::dlpack::dtype& dt, const std::string& name, bool is_mask) {
-  using nb::dlpack::dtype_code;
-  if (dt.lanes == 1) {
-    const auto code = static_cast<dtype_code>(dt.code);
-    if (code == dtype_code::Float && dt.bits == 16) return sdpa::DType::float16;
-    if (code == dtype_code::Float && dt.bits == 32) return sdpa::DType::float32;
-    if (code == dtype_code::Float && dt.bits == 64) return sdpa::DType::float64;
-    if (code == dtype_code::Bfloat && dt.bits == 16) return sdpa::DType::bfloat16;
-    if (code == dtype_code::Bool && dt.bits == 8) return sdpa::DType::boolean;
-  }
+  if (const std::optional<sdpa::DType> dtype = sdpa_python::sdpa_dtype(dt)) return *dtype;
   throw nb::type_error((name +
                         (is_mask ? ": expected bool or float16, bfloat16, float32 or float64, got "
                                  : ": expected float16, bfloat16, float32 or float64, got ") +
@@ -63,39 +56,14 @@ sdpa::DType dtype_of(const nb::dlpack::dtype& dt, const std::string& name, bool 
                            .c_str());
 }
 
-// A view of the caller's memory. DLPack strides are in elements, as TensorView's are, and
-// nanobind fills them in for compact tensors, so every layout maps over unchanged.
+// A view of the caller's memory, which must be host memory of a dtype sdpa has.
 template <class Array>
 sdpa::TensorView view_of(const Array& a, const std::string& name, bool is_mask = false) {
-  // CPU memory, or CUDA pinned host memory (kDLCUDAHost), which the CPU reads directly.
-  const int device = a.device_type();
-  if (device != nb::device::cpu::value && device != nb::device::cuda_host::value)
+  if (!sdpa_python::in_host_memory(a))
     throw nb::value_error((name + ": expected a tensor in CPU memory, got DLPack device type " +
-                           std::to_string(device) + " (sdpa has no GPU backend yet)")
+                           std::to_string(a.device_type()) + " (sdpa has no GPU backend yet)")
                               .c_str());
-  sdpa::TensorView view;
-  view.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  view.dtype = dtype_of(a.dtype(), name, is_mask);
-  view.shape.resize(a.ndim());
-  view.strides.resize(a.ndim());
-  bool empty = false;
-  for (std::size_t d = 0; d < a.ndim(); ++d) {
-    view.shape[d] = static_cast<std::int64_t>(a.shape(d));
-    view.strides[d] = a.stride(d);
-    empty = empty || view.shape[d] == 0;
-  }
-  // The strides of a tensor without elements mean nothing, and exporters fill them in
-  // freely (NumPy's DLPack gives 0s), which the library's overlap check of outputs takes
-  // for overlapping elements; packed strides say the same thing without tripping it.
-  if (empty) view.strides.clear();
-  return view;
-}
-
-sdpa::Causal causal_of(const std::string& causal) {
-  if (causal == "none") return sdpa::Causal::none;
-  if (causal == "top_left") return sdpa::Causal::top_left;
-  if (causal == "bottom_right") return sdpa::Causal::bottom_right;
-  throw nb::value_error(("causal: expected None, 'top_left' or 'bottom_right', got '" + causal + "'").c_str());
+  return sdpa_python::view_over(a, dtype_of(a.dtype(), name, is_mask));
 }
 
 sdpa::Backend backend_of(const std::string& backend) {
@@ -103,6 +71,20 @@ sdpa::Backend backend_of(const std::string& backend) {
   if (backend == "reference") return sdpa::Backend::reference;
   if (backend == "cpu") return sdpa::Backend::cpu;
   throw nb::value_error(("backend: expected 'automatic', 'reference' or 'cpu', got '" + backend + "'").c_str());
+}
+
+// The options forward and backward share (the mask is each call's own).
+sdpa::Options options_of(const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
+                         std::uint64_t offset, int num_threads, const std::string& backend) {
+  sdpa::Options options;
+  options.causal = sdpa_python::causal_of(causal);
+  options.scale = scale;
+  options.dropout_p = dropout_p;
+  options.seed = seed;
+  options.offset = offset;
+  options.num_threads = num_threads;
+  options.backend = backend_of(backend);
+  return options;
 }
 
 // The library names its arguments as C++ sees them; Python users know them by the names of
@@ -131,14 +113,7 @@ void forward(const Input& query, const Input& key, const Input& value, const std
              const Output& output, const std::optional<Output>& weights, const std::optional<Output>& lse,
              const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
              std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name) {
-  sdpa::Options options;
-  options.causal = causal_of(causal);
-  options.scale = scale;
-  options.dropout_p = dropout_p;
-  options.seed = seed;
-  options.offset = offset;
-  options.num_threads = num_threads;
-  options.backend = backend_of(backend);
+  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
@@ -171,14 +146,7 @@ void backward(const Input& query, const Input& key, const Input& value, const st
               const Output& grad_key, const Output& grad_value, const std::optional<Output>& grad_mask,
               const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
               std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name) {
-  sdpa::Options options;
-  options.causal = causal_of(causal);
-  options.scale = scale;
-  options.dropout_p = dropout_p;
-  options.seed = seed;
-  options.offset = offset;
-  options.num_threads = num_threads;
-  options.backend = backend_of(backend);
+  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend);
   const sdpa::BackwardInputs inputs{view_of(query, "query"),  view_of(key, "key"), view_of(value, "value"),
                                     view_of(output, "output"), view_of(lse, "lse"),
                                     view_of(grad_output, "grad_output")};

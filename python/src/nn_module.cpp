@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "sdpa/nn.h"
 #include "sdpa/sdpa.h"
 
@@ -28,15 +29,7 @@ using Input = nb::ndarray<nb::ro>;
 using Array = nb::ndarray<nb::numpy>;
 
 sdpa::DType dtype_of(const nb::dlpack::dtype& dt, const std::string& name) {
-  using nb::dlpack::dtype_code;
-  if (dt.lanes == 1) {
-    const auto code = static_cast<dtype_code>(dt.code);
-    if (code == dtype_code::Float && dt.bits == 16) return sdpa::DType::float16;
-    if (code == dtype_code::Float && dt.bits == 32) return sdpa::DType::float32;
-    if (code == dtype_code::Float && dt.bits == 64) return sdpa::DType::float64;
-    if (code == dtype_code::Bfloat && dt.bits == 16) return sdpa::DType::bfloat16;
-    if (code == dtype_code::Bool && dt.bits == 8) return sdpa::DType::boolean;
-  }
+  if (const std::optional<sdpa::DType> dtype = sdpa_python::sdpa_dtype(dt)) return *dtype;
   throw nb::type_error((name + ": expected bool, float16, bfloat16, float32 or float64, got DLPack type code " +
                         std::to_string(dt.code) + " of " + std::to_string(dt.bits) + " bits")
                            .c_str());
@@ -44,22 +37,12 @@ sdpa::DType dtype_of(const nb::dlpack::dtype& dt, const std::string& name) {
 
 // A view of the caller's memory (CPU only), strides in elements as DLPack gives them.
 sdpa::TensorView view_of(const Input& a, const std::string& name) {
-  if (a.device_type() != nb::device::cpu::value && a.device_type() != nb::device::cuda_host::value) {
+  if (!sdpa_python::in_host_memory(a)) {
     throw nb::value_error(
         (name + ": expected a tensor in CPU memory, got DLPack device type " + std::to_string(a.device_type()))
             .c_str());
   }
-  sdpa::TensorView view;
-  view.data = const_cast<void*>(a.data());
-  view.dtype = dtype_of(a.dtype(), name);
-  bool empty = false;
-  for (std::size_t d = 0; d < a.ndim(); ++d) {
-    view.shape.push_back(static_cast<std::int64_t>(a.shape(d)));
-    view.strides.push_back(a.stride(d));
-    empty = empty || a.shape(d) == 0;
-  }
-  if (empty) view.strides.clear();  // strides of an empty tensor mean nothing
-  return view;
+  return sdpa_python::view_over(a, dtype_of(a.dtype(), name));
 }
 
 // Hands a tensor to NumPy without copying: the capsule owns it from here on.
@@ -112,13 +95,6 @@ sdpa::Tensor copy_of(const sdpa::TensorView& v) {
 
 sdpa::Tensor copy_of(const Input& a, const std::string& name) { return copy_of(view_of(a, name)); }
 
-sdpa::Causal causal_of(const std::string& causal) {
-  if (causal == "none") return sdpa::Causal::none;
-  if (causal == "top_left") return sdpa::Causal::top_left;
-  if (causal == "bottom_right") return sdpa::Causal::bottom_right;
-  throw nb::value_error(("causal: expected None, 'top_left' or 'bottom_right', got '" + causal + "'").c_str());
-}
-
 sdpa::DType layer_dtype(const std::string& name) {
   if (name == "float32") return sdpa::DType::float32;
   if (name == "float64") return sdpa::DType::float64;
@@ -164,7 +140,7 @@ nb::tuple forward(const sdpa::nn::MultiHeadAttention& layer, const Input& query,
   sdpa::nn::AttentionCall call;
   if (mask) call.mask = view_of(*mask, "attn_mask");
   if (key_padding_mask) call.key_padding_mask = view_of(*key_padding_mask, "key_padding_mask");
-  call.causal = causal_of(causal);
+  call.causal = sdpa_python::causal_of(causal);
   call.need_weights = need_weights;
   call.training = training;
   call.dropout_seed = dropout_seed;

@@ -12,14 +12,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 #include "common/half.h"
+#include "io/file.h"
 #include "sdpa/error.h"
 
 namespace sdpa::io {
@@ -410,17 +409,7 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
 }
 
 Tensor read_npy(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) fail(path, "expected a readable .npy file, got an error: " + ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "expected a readable .npy file, got a file that cannot be opened");
-  // Allocating the file's size is safe: it is what is actually on disk.
-  std::vector<char> contents(static_cast<std::size_t>(file_size));
-  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
-  if (static_cast<std::uintmax_t>(in.gcount()) != file_size) {
-    fail(path, "expected to read " + std::to_string(file_size) + " bytes, got " + std::to_string(in.gcount()));
-  }
+  const std::vector<char> contents = read_file(path, ".npy");
   return parse_npy(contents.data(), contents.size(), path);
 }
 

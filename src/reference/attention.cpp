@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/philox.h"
+#include "reference/scores.h"
 
 namespace sdpa::detail {
 
@@ -19,46 +20,22 @@ namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
-// max that propagates NaN: a NaN score must reach the output (pytorch#141128).
-double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a : b; }
-
 }  // namespace
 
 void reference_forward(const Problem& p) {
   const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
   const double keep_scale = 1.0 / (1.0 - p.dropout_p);
-  std::vector<double> scores(static_cast<std::size_t>(p.S));
 
   for (std::int64_t b = 0; b < p.batch; ++b) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t qm = p.q_matrix(b, h), kvm = p.kv_matrix(b, h);
       for (std::int64_t i = 0; i < p.L; ++i) {
         // (1)-(3): scaled, masked scores of query i against every key.
-        for (std::int64_t j = 0; j < p.S; ++j) {
-          double dot = 0.0;
-          for (std::int64_t e = 0; e < p.E; ++e)
-            dot += p.query.load<double>(qm, i, e) * p.key.load<double>(kvm, j, e);
-          double s = dot * p.scale;
-          if (p.mask.present()) {
-            const double m = p.mask.load<double>(qm, i, j);
-            if (p.mask_is_bool) {
-              if (m == 0.0) s = kMinusInf;  // bool mask: true = takes part
-            } else {
-              s += m;  // float mask: added
-            }
-          }
-          if (j >= p.key_end(i)) s = kMinusInf;  // causal
-          scores[static_cast<std::size_t>(j)] = s;
-        }
+        const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i);
 
         // (4) softmax. A row whose scores are all −inf is fully masked: weights 0,
         // output 0, log-sum-exp −inf (PyTorch >= 2.5, FlashAttention), never NaN.
-        double row_max = kMinusInf;
-        for (double s : scores) row_max = nan_max(row_max, s);
-        const bool fully_masked = row_max == kMinusInf;
-        double sum = 0.0;
-        if (!fully_masked)
-          for (double s : scores) sum += std::exp(s - row_max);
+        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores);
         if (p.lse.present()) p.lse.store<double>(qm, i, 0, fully_masked ? kMinusInf : row_max + std::log(sum));
 
         std::vector<double> weights(static_cast<std::size_t>(p.S), 0.0);

@@ -14,26 +14,18 @@
 #include "reference/backward.h"
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "common/philox.h"
+#include "reference/scores.h"
 
 namespace sdpa::detail {
-
-namespace {
-
-constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
-
-double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a : b; }
-
-}  // namespace
 
 void reference_backward(const BackwardProblem& p) {
   const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
   const double keep_scale = 1.0 / (1.0 - p.dropout_p);
   const std::size_t S = static_cast<std::size_t>(p.S);
-  std::vector<double> scores(S), probs(S), keep(S), dprobs(S), dscores(S), dq(static_cast<std::size_t>(p.E));
+  std::vector<double> probs(S), keep(S), dprobs(S), dscores(S), dq(static_cast<std::size_t>(p.E));
   // dK and dV of every KV matrix, summed over the query heads that read it.
   const std::size_t kv_matrices = static_cast<std::size_t>(p.batch * p.heads_kv);
   std::vector<double> dk(kv_matrices * S * static_cast<std::size_t>(p.E), 0.0);
@@ -51,29 +43,9 @@ void reference_backward(const BackwardProblem& p) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t qm = p.q_matrix(b, h), kvm = p.kv_matrix(b, h);
       for (std::int64_t i = 0; i < p.L; ++i) {
-        // Scores, as the forward.
-        for (std::int64_t j = 0; j < p.S; ++j) {
-          double dot = 0.0;
-          for (std::int64_t e = 0; e < p.E; ++e) dot += p.query.load<double>(qm, i, e) * p.key.load<double>(kvm, j, e);
-          double s = dot * p.scale;
-          if (p.mask.present()) {
-            const double m = p.mask.load<double>(qm, i, j);
-            if (p.mask_is_bool) {
-              if (m == 0.0) s = kMinusInf;
-            } else {
-              s += m;
-            }
-          }
-          if (j >= p.key_end(i)) s = kMinusInf;
-          scores[static_cast<std::size_t>(j)] = s;
-        }
-        // Softmax; a fully masked row has P = 0 and so every gradient 0.
-        double row_max = kMinusInf;
-        for (double s : scores) row_max = nan_max(row_max, s);
-        const bool fully_masked = row_max == kMinusInf;
-        double sum = 0.0;
-        if (!fully_masked)
-          for (double s : scores) sum += std::exp(s - row_max);
+        // Scores and softmax, as the forward; a fully masked row has P = 0 and so every gradient 0.
+        const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i);
+        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores);
         for (std::size_t j = 0; j < S; ++j) {
           probs[j] = fully_masked ? 0.0 : std::exp(scores[j] - row_max) / sum;
           keep[j] = p.dropout_p > 0.0 ? (dropout.keep(b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0) : 1.0;

@@ -1,0 +1,29 @@
+#include "io/file.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "sdpa/error.h"
+
+namespace sdpa::io {
+
+std::vector<char> read_file(const std::string& path, const std::string& description) {
+  const std::string expected = "expected a readable " + description + " file, got ";
+  std::error_code ec;
+  const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(ErrorKind::value, path, expected + "an error: " + ec.message());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::value, path, expected + "a file that cannot be opened");
+  // Allocating the file's size is safe: it is what is actually on disk.
+  std::vector<char> contents(static_cast<std::size_t>(file_size));
+  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+  if (static_cast<std::uintmax_t>(in.gcount()) != file_size) {
+    throw Error(ErrorKind::value, path,
+                "expected to read " + std::to_string(file_size) + " bytes, got " + std::to_string(in.gcount()));
+  }
+  return contents;
+}
+
+}  // namespace sdpa::io

@@ -1,0 +1,61 @@
+// The steps of one query row that the oracle's forward and backward both take: the
+// scaled, masked scores and the stable softmax's normaliser, written as seed 004 reads.
+// Never optimised, like the rest of the oracle.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "common/problem.h"
+
+namespace sdpa::detail {
+
+// max that propagates NaN: a NaN score must reach the output (pytorch#141128).
+inline double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a : b; }
+
+// The scores of query i (matrix `qm`) against every key (matrix `kvm`):
+//   scores  = Q Kᵀ · scale            (1) raw scores, (2) scaled
+//   scores += mask, −inf where masked (3) mask (bool false, causal → −inf; float added)
+inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t qm, std::int64_t kvm, std::int64_t i) {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  std::vector<double> scores(static_cast<std::size_t>(p.S));
+  for (std::int64_t j = 0; j < p.S; ++j) {
+    double dot = 0.0;
+    for (std::int64_t e = 0; e < p.E; ++e) dot += p.query.load<double>(qm, i, e) * p.key.load<double>(kvm, j, e);
+    double s = dot * p.scale;
+    if (p.mask.present()) {
+      const double m = p.mask.load<double>(qm, i, j);
+      if (p.mask_is_bool) {
+        if (m == 0.0) s = kMinusInf;  // bool mask: true = takes part
+      } else {
+        s += m;  // float mask: added
+      }
+    }
+    if (j >= p.key_end(i)) s = kMinusInf;  // causal
+    scores[static_cast<std::size_t>(j)] = s;
+  }
+  return scores;
+}
+
+// softmax(s)_j = exp(s_j − row_max) / sum, with row_max subtracted for stability. A row
+// whose scores are all −inf is fully masked: sum stays 0 and the caller gives weights 0
+// rather than the NaN of 0/0.
+struct SoftmaxNormaliser {
+  double row_max;
+  double sum;
+  bool fully_masked;
+};
+
+inline SoftmaxNormaliser softmax_normaliser(const std::vector<double>& scores) {
+  SoftmaxNormaliser n{-std::numeric_limits<double>::infinity(), 0.0, false};
+  for (double s : scores) n.row_max = nan_max(n.row_max, s);
+  n.fully_masked = n.row_max == -std::numeric_limits<double>::infinity();
+  if (!n.fully_masked)
+    for (double s : scores) n.sum += std::exp(s - n.row_max);
+  return n;
+}
+
+}  // namespace sdpa::detail

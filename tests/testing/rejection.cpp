@@ -1,0 +1,27 @@
+#include "testing/rejection.h"
+
+#include <gtest/gtest.h>
+
+namespace sdpa::testing {
+
+void fill_with_sentinel(std::initializer_list<Tensor*> tensors) {
+  for (Tensor* t : tensors)
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, kSentinel);
+}
+
+bool untouched(const Tensor& tensor) {
+  for (std::int64_t i = 0; i < tensor.numel(); ++i)
+    if (tensor.get(i) != kSentinel) return false;
+  return true;
+}
+
+void expect_error_names(const Error& error, const std::string& argument, std::initializer_list<const char*> says,
+                        ErrorKind kind) {
+  EXPECT_EQ(error.argument(), argument) << error.what();
+  EXPECT_EQ(error.kind(), kind) << error.what();
+  const std::string message = error.what();
+  EXPECT_EQ(message.rfind(argument + ": ", 0), 0u) << message;
+  for (const char* fragment : says) EXPECT_NE(message.find(fragment), std::string::npos) << message;
+}
+
+}  // namespace sdpa::testing
