@@ -51,20 +51,12 @@ constexpr double kLn2 = 0.6931471805599453;
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
-// A query row of the current task: which (batch, head, i) it is.
-struct Row {
-  std::int64_t matrix, head, i, key_end;
-};
-
 // One tile of 2 vectors of query rows and its running state. A task holds several, so
 // that each K/V tile, once loaded into the cache, serves all of them (long sequences
 // would otherwise stream K and V from memory once per 32 queries).
-struct Subtile {
+struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;    // bfloat16 path: query pairs
-  std::vector<Row> rows;                            // the valid rows (the rest are padding)
-  std::int64_t key_limit = 0;                       // no row sees a key at or past it
-  std::int64_t min_key_end = 0;                     // every row sees the keys before it
 };
 
 // Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows per subtile.
@@ -220,22 +212,10 @@ class Task {
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
-    const std::int64_t group = p_.heads_q / p_.heads_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
-    for (std::int64_t g = 0; g < subtiles_; ++g) {
-      Subtile& t = s_.sub[g];
-      t.rows.clear();
-      t.key_limit = 0;
-      t.min_key_end = p_.S;
-      for (std::int64_t flat = row0 + g * per_subtile; flat < row0 + std::min(row_count, (g + 1) * per_subtile);
-           ++flat) {
-        const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
-        t.rows.push_back({p_.q_matrix(b, head), head, i, p_.key_end(i)});
-        t.key_limit = std::max(t.key_limit, t.rows.back().key_end);
-        t.min_key_end = std::min(t.min_key_end, t.rows.back().key_end);
-      }
-    }
+    for (std::int64_t g = 0; g < subtiles_; ++g)
+      AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the

@@ -78,18 +78,10 @@ HWY_INLINE void RankUpdate(const float* HWY_RESTRICT wt, std::size_t wt_stride, 
     for (std::size_t v = 0; v < Vectors; ++v) hn::Store(a[c][v], df, acc + c * acc_stride + v * N);
 }
 
-// A query row of the current block: which (matrix, head, i) it is and how many keys it sees.
-struct Row {
-  std::int64_t matrix, head, i, key_end;
-};
-
 // Two vectors of query rows, packed for the transposed kernels.
-struct Subtile {
+struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, dot, dqt;  // Qᵀ·scale·log2 e, dOᵀ, dQᵀ accumulators
   hwy::AlignedFreeUniquePtr<float[]> lse2, D;       // per row: lse·log2 e (+inf if fully masked), D
-  std::vector<Row> rows;
-  std::int64_t key_limit = 0;    // no row sees a key at or past it
-  std::int64_t min_key_end = 0;  // every row sees the keys before it
 };
 
 // Everything one thread needs, 64-byte aligned.
@@ -166,22 +158,10 @@ class Task {
  private:
   // Flattened group rows [row0, row0 + row_count), spread over the subtiles.
   void SetRows(std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
-    const std::int64_t group = p_.heads_q / p_.heads_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
-    for (std::int64_t g = 0; g < subtiles_; ++g) {
-      Subtile& t = s_.sub[g];
-      t.rows.clear();
-      t.key_limit = 0;
-      t.min_key_end = p_.S;
-      for (std::int64_t flat = row0 + g * per_subtile; flat < row0 + std::min(row_count, (g + 1) * per_subtile);
-           ++flat) {
-        const std::int64_t head = head_kv * group + flat / p_.L, i = flat % p_.L;
-        t.rows.push_back({p_.q_matrix(b_, head), head, i, p_.key_end(i)});
-        t.key_limit = std::max(t.key_limit, t.rows.back().key_end);
-        t.min_key_end = std::min(t.min_key_end, t.rows.back().key_end);
-      }
-    }
+    for (std::int64_t g = 0; g < subtiles_; ++g)
+      AssignRows(p_, b_, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
   // Qᵀ (scaled to log2 units), dOᵀ, lse2 and D per subtile; Q and dO row-major for the

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/half.h"
 #include "common/problem.h"
@@ -170,6 +171,36 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
       return;
     case DType::boolean:
       return;  // never an output dtype (validated)
+  }
+}
+
+// A query row of a task: which (matrix, head, i) it is and how many keys it sees.
+struct Row {
+  std::int64_t matrix, head, i, key_end;
+};
+
+// The query rows of one subtile (the rest of its lanes are padding).
+struct RowSet {
+  std::vector<Row> rows;
+  std::int64_t key_limit = 0;    // no row sees a key at or past it
+  std::int64_t min_key_end = 0;  // every row sees the keys before it
+};
+
+// Fills `set` with rows [first, first + count) of the flattened (group heads × L) query
+// rows that share KV head `head_kv` of batch `b` (GQA: a KV head serves Hq/Hkv query
+// heads). Works for the forward's and the backward's problem alike.
+template <class AnyProblem>
+void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::int64_t first, std::int64_t count,
+                RowSet& set) {
+  const std::int64_t group = p.heads_q / p.heads_kv;
+  set.rows.clear();
+  set.key_limit = 0;
+  set.min_key_end = p.S;
+  for (std::int64_t flat = first; flat < first + count; ++flat) {
+    const std::int64_t head = head_kv * group + flat / p.L, i = flat % p.L;
+    set.rows.push_back({p.q_matrix(b, head), head, i, p.key_end(i)});
+    set.key_limit = std::max(set.key_limit, set.rows.back().key_end);
+    set.min_key_end = std::min(set.min_key_end, set.rows.back().key_end);
   }
 }
 
