@@ -18,7 +18,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x), f ∈ [−½, ½]; 2^f by its
 // Taylor polynomial of degree 6 (relative error below 1e-7, about one float32 ulp), 2^n
-// added into the exponent bits. The rounding uses the 1.5·2^23 trick, so no float→int
+// as a float with exponent field n + 127. The rounding uses the 1.5·2^23 trick, so no float→int
 // conversion (whose out-of-range behaviour differs between targets) is needed.
 // x < −125 gives exactly 0 (masked scores are −inf); NaN stays NaN.
 template <class DF, class VF = hn::Vec<DF>>
@@ -35,9 +35,11 @@ HWY_INLINE VF Exp2(DF df, VF x) {
   p = hn::MulAdd(p, f, hn::Set(df, 2.4022650695910071e-1f));
   p = hn::MulAdd(p, f, hn::Set(df, 6.9314718055994531e-1f));
   p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
-  const auto exponent = hn::ShiftLeft<23>(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic)));
-  const VF scaled = hn::BitCast(df, hn::Add(hn::BitCast(di, p), exponent));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -125.0f)), scaled);
+  // 2^n built as a float and multiplied in (not added into p's exponent bits: for a NaN x
+  // that would shift NaN payload bits into the exponent and turn the NaN into a number).
+  const auto biased = hn::Add(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic)), hn::Set(di, 127));
+  const VF two_to_n = hn::BitCast(df, hn::ShiftLeft<23>(biased));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -125.0f)), hn::Mul(p, two_to_n));
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -269,6 +269,27 @@ TEST(CpuForward, NaNInUnmaskedInputsPropagates) {
   }
 }
 
+// NaNs with payload bits (and signalling NaNs) must propagate like the default NaN:
+// an exp2 that adds the exponent into the bits of its result turned them into numbers.
+TEST(CpuForward, NaNPayloadsPropagate) {
+  std::mt19937_64 rng(19);
+  for (std::uint32_t bits : {0x7fc00001u, 0x7f800001u, 0xffc00123u})
+    for (int where = 0; where < 3; ++where) {
+      Tensor q = random_tensor(DType::float32, {1, 1, 4, 8}, rng), k = random_tensor(DType::float32, {1, 1, 6, 8}, rng),
+             v = random_tensor(DType::float32, {1, 1, 6, 8}, rng);
+      Tensor mask = random_tensor(DType::float32, {4, 6}, rng);
+      Tensor& target = where == 0 ? q : where == 1 ? k : mask;
+      std::memcpy(static_cast<std::byte*>(target.data()) + 9 * sizeof(float), &bits, sizeof bits);  // row 1 (k: row 1)
+      Options options;
+      options.mask = mask.view();
+      const ForwardResult r = forward(q.view(), k.view(), v.view(), options, Returns{true, true});
+      // Q row 1, K row 1 (seen by every query), mask row 1: query 1 always sees the NaN.
+      for (std::int64_t e = 0; e < 8; ++e) EXPECT_TRUE(std::isnan(r.output.at({0, 0, 1, e}))) << std::hex << bits;
+      EXPECT_TRUE(std::isnan(r.lse.at({0, 0, 1}))) << std::hex << bits << " in input " << where;
+      EXPECT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), options).ok()) << std::hex << bits;
+    }
+}
+
 // A stride-0 (expanded) key and value: every batch entry reads the same memory
 // (pytorch#191937 returned wrong answers for such views).
 TEST(CpuForward, StrideZeroBroadcastInputs) {
