@@ -85,7 +85,9 @@ class KVCache {
   void truncate(std::int64_t length);
 
  private:
-  void grow(std::int64_t needed);
+  // Makes room for `needed` positions; returns the storage it replaced (empty if none),
+  // which the caller keeps alive while it may still read from it.
+  std::pair<Tensor, Tensor> grow(std::int64_t needed);
   DType dtype_ = DType::float32;
   std::int64_t batch_ = 0, kv_heads_ = 0, head_dim_ = 0, value_dim_ = 0;
   std::int64_t length_ = 0, capacity_ = 0;

@@ -55,8 +55,8 @@ KVCache::KVCache(DType dtype, std::int64_t batch, std::int64_t kv_heads, std::in
   grow(std::max<std::int64_t>(capacity, 1));
 }
 
-void KVCache::grow(std::int64_t needed) {
-  if (needed <= capacity_) return;
+std::pair<Tensor, Tensor> KVCache::grow(std::int64_t needed) {
+  if (needed <= capacity_) return {};
   const std::int64_t capacity = std::max({needed, 2 * capacity_, std::int64_t{16}});
   Tensor keys(dtype_, {batch_, kv_heads_, capacity, head_dim_});
   Tensor values(dtype_, {batch_, kv_heads_, capacity, value_dim_});
@@ -64,9 +64,10 @@ void KVCache::grow(std::int64_t needed) {
     copy_in(this->keys(), keys, 0);
     copy_in(this->values(), values, 0);
   }
-  keys_ = std::move(keys);
-  values_ = std::move(values);
+  std::swap(keys_, keys);
+  std::swap(values_, values);
   capacity_ = capacity;
+  return {std::move(keys), std::move(values)};
 }
 
 void KVCache::append(const TensorView& keys, const TensorView& values) {
@@ -83,6 +84,7 @@ void KVCache::append(const TensorView& keys, const TensorView& values) {
     if (!v.strides.empty() && v.strides.size() != 4) {
       throw Error(ErrorKind::value, name, "expected 4 strides, got " + std::to_string(v.strides.size()));
     }
+    if (v.shape[2] < 0) throw Error(ErrorKind::value, name, "expected T >= 0 positions, got " + std::to_string(v.shape[2]));
     if (v.data == nullptr && v.numel() != 0) throw Error(ErrorKind::value, name, "expected data, got a null pointer");
   };
   check(keys, "keys", head_dim_);
@@ -93,7 +95,9 @@ void KVCache::append(const TensorView& keys, const TensorView& values) {
                     std::to_string(values.shape[2]));
   }
   const std::int64_t tokens = keys.shape[2];
-  grow(length_ + tokens);
+  // `keys` and `values` may view the cache itself (appending its own contents): the
+  // replaced storage stays alive until they have been copied.
+  const std::pair<Tensor, Tensor> previous = grow(length_ + tokens);
   copy_in(keys, keys_, length_);
   copy_in(values, values_, length_);
   length_ += tokens;

@@ -193,3 +193,32 @@ TEST(KVCacheTest, RejectsMismatchesAndLeavesTheCacheUnchanged) {
 }
 
 }  // namespace
+
+namespace {
+
+// Appending the cache's own contents (doubling it) must read them before growth frees
+// the old storage (a use-after-free that ASan reported in review).
+TEST(KVCacheTest, AppendingItsOwnViewAcrossGrowthKeepsTheData) {
+  KVCache cache(DType::float32, 1, 1, 2, 2, 1);
+  const Tensor k = random_tensor(DType::float32, {1, 1, 16, 2}, 31), v = random_tensor(DType::float32, {1, 1, 16, 2}, 32);
+  cache.append(k.view(), v.view());
+  ASSERT_EQ(cache.capacity(), 16);  // full: the next append grows
+  cache.append(cache.keys(), cache.values());
+  ASSERT_EQ(cache.length(), 32);
+  const Tensor keys = sdpa::testing::to_float64(cache.keys()), values = sdpa::testing::to_float64(cache.values());
+  for (std::int64_t t = 0; t < 32; ++t)
+    for (std::int64_t e = 0; e < 2; ++e) {
+      EXPECT_EQ(keys.at({0, 0, t, e}), k.at({0, 0, t % 16, e}));
+      EXPECT_EQ(values.at({0, 0, t, e}), v.at({0, 0, t % 16, e}));
+    }
+}
+
+TEST(KVCacheTest, NegativePositionCountIsRejected) {
+  KVCache cache(DType::float32, 1, 1, 4, 4);
+  float data[4] = {};
+  const TensorView negative{data, DType::float32, {1, 1, -3, 4}};
+  EXPECT_THROW(cache.append(negative, negative), sdpa::Error);
+  EXPECT_EQ(cache.length(), 0);
+}
+
+}  // namespace
