@@ -205,11 +205,14 @@ void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::
 }
 
 // Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
-// when it already is (no copy), else converted into `tile`, zero-padded to `padded`
-// rows so that whole register blocks can run over it.
+// when it already is (no copy; the kernels read it through float pointers, so it must be
+// float-aligned), else converted into `tile`, zero-padded to `padded` rows so that whole
+// register blocks can run over it.
 inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                                  std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
-  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
+  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded && aligned(op.data) &&
+      aligned(op.address(matrix, j0, 0))) {
     *stride = op.row_stride;
     return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
   }

@@ -372,18 +372,19 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
   EXPECT_TRUE(a.ok()) << a.describe();
 }
 
-// 64-bit offsets: key and value rows 2^32 elements apart in a sparse mapping. A 32-bit
-// offset would wrap and read the wrong rows.
+// 64-bit offsets: key and value rows 2^30 + 16 elements apart in a sparse mapping, 12 of
+// them (a whole key block, so the kernels read them in place), reaching past 2^33
+// elements. A 32-bit offset would wrap and read the wrong rows.
 TEST(CpuForward, SixtyFourBitOffsets) {
-  const std::int64_t row_stride = (std::int64_t{1} << 32) + 16;
-  const std::size_t bytes = static_cast<std::size_t>(row_stride * 2 + 64) * sizeof(float);
+  const std::int64_t row_stride = (std::int64_t{1} << 30) + 16, rows = 12;
+  const std::size_t bytes = static_cast<std::size_t>(row_stride * (rows - 1) + 64) * sizeof(float);
   void* region = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (region == MAP_FAILED) GTEST_SKIP() << "cannot map 32 GiB of address space here";
+  if (region == MAP_FAILED) GTEST_SKIP() << "cannot map 44 GiB of address space here";
   float* base = static_cast<float*>(region);
   const std::int64_t E = 4;
-  for (std::int64_t row = 0; row < 3; ++row)
-    for (std::int64_t e = 0; e < E; ++e) base[row * row_stride + e] = static_cast<float>(row + 1) * (e + 1) * 0.1f;
-  TensorView k{base, DType::float32, {1, 1, 3, E}, {0, 0, row_stride, 1}};
+  for (std::int64_t row = 0; row < rows; ++row)
+    for (std::int64_t e = 0; e < E; ++e) base[row * row_stride + e] = static_cast<float>(row % 5 + 1) * (e + 1) * 0.1f;
+  TensorView k{base, DType::float32, {1, 1, rows, E}, {0, 0, row_stride, 1}};
   Tensor q(DType::float32, {1, 1, 2, E});
   for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 0.3 * (i % 5));
   const Agreement a = compare_with_oracle(q.view(), k, k, {});
