@@ -1,12 +1,21 @@
 // sdpa: the command-line front end. Parses arguments with CLI11 and dispatches to the
 // commands in commands.cpp; every computation goes through the public API.
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "commands.h"
 #include "sdpa/sdpa.h"
 
 namespace {
+
+// For unsigned 64-bit options: CLI11 would wrap "-1" to 2^64 − 1 without a word.
+const CLI::Validator kNonNegative(
+    [](std::string& text) {
+      return text.find('-') == std::string::npos ? std::string() : "expected a non-negative integer, got " + text;
+    },
+    "UINT64");
 
 using sdpa::cli::BenchArgs;
 using sdpa::cli::CheckArgs;
@@ -50,8 +59,12 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       ->capture_default_str();
   flags.scale_option = run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))");
   run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")->capture_default_str();
-  run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")->capture_default_str();
-  run->add_option("--offset", a.offset, "Dropout counter offset")->capture_default_str();
+  run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  run->add_option("--offset", a.offset, "Dropout counter offset")
+      ->check(kNonNegative)
+      ->capture_default_str();
   run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->capture_default_str();
   run->add_option("--backend", a.backend, "auto, cpu or reference (the float64 oracle)")
       ->check(CLI::IsMember({"auto", "cpu", "reference"}))
@@ -65,7 +78,7 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
 void add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* check = app.add_subcommand("check", "Compare the CPU backend with the float64 oracle on random cases");
   check->add_option("--cases", args.cases, "Number of random configurations")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")->capture_default_str();
   check->add_flag("--verbose", args.verbose, "Print every case");

@@ -238,6 +238,7 @@ def check_bad_arguments(rng):
         "gqa_heads_not_dividing": ["--query", q, "--key", k, "--value", v],
         "bad_causal_value": ["--query", q, "--key", k, "--value", v, "--causal", "sideways"],
         "dropout_out_of_range": ["--query", q2, "--key", k, "--value", v, "--dropout", "1.5"],
+        "negative_seed_not_wrapped": ["--query", q2, "--key", k, "--value", v, "--dropout", "0.5", "--seed", "-1"],
         "mask_not_broadcastable": ["--query", q2, "--key", k, "--value", v, "--mask",
                                    save("x_mask.npy", np.ones((3, 5, 4), dtype=bool))],
     }
