@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string_view>
@@ -469,15 +470,22 @@ void write_npy(const std::string& path, const Tensor& tensor) {
   }
   if constexpr (!kLittleEndianHost) byte_swap(data.data(), count, itemsize);
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // Written beside the destination and renamed over it only when complete: a failed
+  // write (a full disk) leaves neither a truncated file nor a clobbered old one.
+  const std::string partial = path + ".partial";
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
   if (!out) fail(path, "expected a writable path, got one that cannot be opened for writing");
   out.write(preamble.data(), static_cast<std::streamsize>(preamble.size()));
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
   out.close();
-  if (!out)
+  std::error_code error;
+  if (out) std::filesystem::rename(partial, path, error);
+  if (!out || error) {
+    std::filesystem::remove(partial, error);
     fail(path,
          "expected to write " + std::to_string(kPreamble + header.size() + data.size()) + " bytes, got a write error");
+  }
 }
 
 }  // namespace sdpa::io
