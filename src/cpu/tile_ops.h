@@ -1,6 +1,6 @@
-// The inner products of the tiled forward, on packed tiles. These are the pieces a
-// SIMD microkernel replaces; everything around them (masking, online softmax,
-// dropout, stores) stays in forward.cpp.
+// The inner products of the portable tiled forward (forward.cpp, the float64 path), on
+// packed tiles: plain loops, accumulating in the input's precision. The float32,
+// bfloat16 and float16 inputs run the SIMD kernels of tiles-inl.h and bf16_kernels.h.
 #pragma once
 
 #include <cstdint>
