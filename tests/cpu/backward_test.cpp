@@ -22,7 +22,6 @@ namespace sdpa::testing {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The float mask's gradient is checked whenever there is a float mask.
 void expect_agrees(const Case& c, std::uint64_t seed = 1) {
@@ -307,40 +306,48 @@ TEST(CpuBackward, LargeLogitsStayFiniteWithinTheConditioningBound) {
 // NaN in an unmasked input reaches the gradients of everything it meets (pytorch#141128
 // is the forward's version of turning them into zeros), and never rows that do not see
 // it. Where a NaN at a masked position goes is unspecified (docs/semantics.md), so the
-// oracle is compared on the finite rows only.
+// oracle is compared on the finite rows only. NaNs with payload bits and signalling NaNs
+// too: an exp2 that added the exponent into its result's bits made numbers of them.
 TEST(CpuBackward, NaNInUnmaskedInputsPropagates) {
   std::mt19937_64 rng(9);
   Options options;
   options.causal = Causal::top_left;
   Options reference = options;
   reference.backend = Backend::reference;
-  for (int where = 0; where < 3; ++where) {
-    SCOPED_TRACE(where == 0 ? "NaN in Q[5]" : where == 1 ? "NaN in K[5]" : "NaN in V[5]");
-    Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng),
-           k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
-           v = random_tensor(DType::float32, {1, 1, 90, 16}, rng);
-    const Tensor g = random_tensor(DType::float32, {1, 1, 70, 16}, rng);
-    (where == 0 ? q : where == 1 ? k : v).set(5 * 16 + 3, kNaN);
-    const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
-    const Tensor q64 = to_float64(q.view()), k64 = to_float64(k.view()), v64 = to_float64(v.view()),
-                 g64 = to_float64(g.view());
-    const BackwardResult oracle = forward_backward(q64.view(), k64.view(), v64.view(), g64.view(), reference);
-    // Q's NaN row 5, or the rows 5.. that see key 5: their dQ is NaN.
-    for (std::int64_t i = 5; i < (where == 0 ? 6 : 70); ++i)
-      EXPECT_TRUE(std::isnan(r.grad_query.at({0, 0, i, 0}))) << i;
-    if (where == 0) {
-      // Row 5's NaN weights reach the keys it sees; rows 0..4 never meet the NaN. (With
-      // the NaN in K or V, 0 · NaN at key 5 may reach rows 0..4 through dS K and through
-      // the forward's O in D = rowsum(dO ∘ O): unspecified, as in the forward.)
-      for (std::int64_t j = 0; j <= 5; ++j) EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, j, 0}))) << j;
-      for (std::int64_t i = 0; i < 5; ++i)
-        for (std::int64_t e = 0; e < 16; ++e)
-          EXPECT_NEAR(r.grad_query.at({0, 0, i, e}), oracle.grad_query.at({0, 0, i, e}), 1e-4) << i;
+  for (std::uint32_t bits : {0x7fc00000u, 0x7fc00001u, 0x7f800001u})
+    for (int where = 0; where < 3; ++where) {
+      SCOPED_TRACE(where == 0 ? "NaN in Q[5]" : where == 1 ? "NaN in K[5]" : "NaN in V[5]");
+      SCOPED_TRACE(bits);
+      Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng),
+             k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
+             v = random_tensor(DType::float32, {1, 1, 90, 16}, rng);
+      const Tensor g = random_tensor(DType::float32, {1, 1, 70, 16}, rng);
+      std::memcpy(static_cast<std::byte*>((where == 0   ? q
+                                           : where == 1 ? k
+                                                        : v)
+                                              .data()) +
+                      (5 * 16 + 3) * sizeof(float),
+                  &bits, sizeof bits);
+      const BackwardResult r = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+      const Tensor q64 = to_float64(q.view()), k64 = to_float64(k.view()), v64 = to_float64(v.view()),
+                   g64 = to_float64(g.view());
+      const BackwardResult oracle = forward_backward(q64.view(), k64.view(), v64.view(), g64.view(), reference);
+      // Q's NaN row 5, or the rows 5.. that see key 5: their dQ is NaN.
+      for (std::int64_t i = 5; i < (where == 0 ? 6 : 70); ++i)
+        EXPECT_TRUE(std::isnan(r.grad_query.at({0, 0, i, 0}))) << i;
+      if (where == 0) {
+        // Row 5's NaN weights reach the keys it sees; rows 0..4 never meet the NaN. (With
+        // the NaN in K or V, 0 · NaN at key 5 may reach rows 0..4 through dS K and through
+        // the forward's O in D = rowsum(dO ∘ O): unspecified, as in the forward.)
+        for (std::int64_t j = 0; j <= 5; ++j) EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, j, 0}))) << j;
+        for (std::int64_t i = 0; i < 5; ++i)
+          for (std::int64_t e = 0; e < 16; ++e)
+            EXPECT_NEAR(r.grad_query.at({0, 0, i, e}), oracle.grad_query.at({0, 0, i, e}), 1e-4) << i;
+      }
+      if (where == 1) {
+        EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, 5, 3})));
+      }
     }
-    if (where == 1) {
-      EXPECT_TRUE(std::isnan(r.grad_key.at({0, 0, 5, 3})));
-    }
-  }
 }
 
 // A stride-0 (expanded) dO, as autograd hands over for out.sum(), and expanded K and V.
