@@ -49,6 +49,18 @@ def flops(p):
     return 4.0 * p["heads_q"] * p["L"] * p["S"] * p["E"] * (0.5 if p["causal"] and p["L"] == p["S"] else 1.0)
 
 
+def alternate(ours, theirs, repeats):
+    """Median seconds of `repeats` calls of each, timed A B A B so that the machine's drift
+    hits both alike."""
+    times = {ours: [], theirs: []}
+    for _ in range(repeats):
+        for fn in (ours, theirs):
+            start = time.perf_counter()
+            fn()
+            times[fn].append(time.perf_counter() - start)
+    return statistics.median(times[ours]), statistics.median(times[theirs])
+
+
 def measure(p, repeats):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, p["heads_q"], p["L"], p["E"], generator=gen).to(p["dtype"])
@@ -59,13 +71,7 @@ def measure(p, repeats):
     theirs = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], enable_gqa=gqa)
     with torch.no_grad():
         error = (ours().double() - theirs().double()).abs().max().item()  # also the warm-up
-        times = {"ours": [], "torch": []}
-        for _ in range(repeats):
-            for label, fn in (("ours", ours), ("torch", theirs)):
-                start = time.perf_counter()
-                fn()
-                times[label].append(time.perf_counter() - start)
-    return statistics.median(times["ours"]), statistics.median(times["torch"]), error
+        return (*alternate(ours, theirs, repeats), error)
 
 
 def measure_backward(p, repeats):
@@ -84,13 +90,7 @@ def measure_backward(p, repeats):
     ours = lambda: step(sdpa.scaled_dot_product_attention)
     theirs = lambda: step(F.scaled_dot_product_attention)
     error = max((a.double() - b.double()).abs().max().item() for a, b in zip(ours(), theirs()))  # + warm-up
-    times = {"ours": [], "torch": []}
-    for _ in range(repeats):
-        for label, fn in (("ours", ours), ("torch", theirs)):
-            start = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - start)
-    return statistics.median(times["ours"]), statistics.median(times["torch"]), error
+    return (*alternate(ours, theirs, repeats), error)
 
 
 def main():

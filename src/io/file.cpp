@@ -1,6 +1,7 @@
 #include "io/file.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -24,6 +25,22 @@ std::vector<char> read_file(const std::string& path, const std::string& descript
                 "expected to read " + std::to_string(file_size) + " bytes, got " + std::to_string(in.gcount()));
   }
   return contents;
+}
+
+std::string quote_untrusted(std::string_view text, std::size_t limit) {
+  std::string out = "'";
+  for (std::size_t i = 0; i < text.size() && i < limit; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (text.size() > limit) out += "...";
+  return out + "'";
 }
 
 }  // namespace sdpa::io

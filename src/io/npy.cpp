@@ -44,24 +44,8 @@ std::string describe_char(unsigned char c) {
   return buf;
 }
 
-// Quotes a value read from the file for an error message, truncated and with
-// non-printable bytes escaped: a hostile header must not be able to flood or garble
-// the message.
-std::string quote(std::string_view text) {
-  std::string out = "'";
-  for (std::size_t i = 0; i < text.size() && i < 40; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (text.size() > 40) out += "...";
-  return out + "'";
-}
+// A value read from the file, quoted for an error message (see io/file.h).
+std::string quote(std::string_view text) { return quote_untrusted(text, 40); }
 
 struct Dtype {
   DType dtype;

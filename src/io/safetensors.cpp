@@ -38,23 +38,8 @@ constexpr bool kLittleEndianHost = std::endian::native == std::endian::little;
   throw Error(kind, name, message);
 }
 
-// Quotes text taken from the file for an error message: truncated, non-printable bytes
-// escaped, so a hostile header cannot flood or garble the message.
-std::string quote(std::string_view text) {
-  std::string out = "'";
-  for (std::size_t i = 0; i < text.size() && i < 60; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (text.size() > 60) out += "...";
-  return out + "'";
-}
+// Text taken from the file, quoted for an error message (see io/file.h).
+std::string quote(std::string_view text) { return quote_untrusted(text, 60); }
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string text = "[";
