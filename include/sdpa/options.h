@@ -14,6 +14,10 @@ namespace sdpa {
 // They agree when L == S.
 enum class Causal { none, top_left, bottom_right };
 
+// Where a query's diagonal lies, for the sliding window and ALiBi: query i's diagonal
+// key is d(i) = i (top_left) or d(i) = i + S − L (bottom_right, FlashAttention's).
+enum class Alignment { top_left, bottom_right };
+
 // Which implementation runs the call. `automatic` picks the fastest available;
 // `reference` is the float64 oracle (slow, for checking).
 enum class Backend { automatic, reference, cpu };
@@ -25,6 +29,23 @@ struct Options {
   Causal causal = Causal::none;
   // Multiplies Q Kᵀ. Default 1/sqrt(E). Any finite value, negative and zero included.
   std::optional<double> scale;
+
+  // Beyond PyTorch's SDPA (FlashAttention's window_size, alibi_slopes, softcap). The
+  // score of query i and key j is
+  //   s = softcap · tanh(scale · q·k / softcap)     (softcap > 0; else scale · q·k)
+  //     − slope[h] · |d(i) − j|                     (ALiBi, when slopes are given)
+  //     + mask                                      (float mask; bool/causal/window: −inf)
+  // Sliding window: query i sees key j only when d(i) − window_left <= j <=
+  // d(i) + window_right; −1 leaves that side unbounded. Causal caps window_right at 0.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  // Unset: the causal alignment when causal is set, else bottom_right. Set together with
+  // causal, it must name the same alignment.
+  std::optional<Alignment> alignment;
+  // ALiBi slopes, float32 or float64: (Hq,) or (batch..., Hq), one per query head.
+  std::optional<TensorView> alibi_slopes;
+  // Logit softcapping; 0 = off, else a finite cap > 0 (Gemma 2, Grok: 30 or 50).
+  double softcap = 0.0;
 
   // Dropout on the attention weights, 0 <= dropout_p < 1. The keep/drop decision for
   // (batch, head, i, j) is a pure function of (seed, offset, batch, head, i, j)

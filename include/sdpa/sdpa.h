@@ -6,8 +6,10 @@
 // contract is written out in docs/semantics.md.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sdpa/error.h"
 #include "sdpa/options.h"
@@ -96,6 +98,63 @@ struct BackwardResult {
 // Allocating form: returns packed tensors. `mask_gradient` asks for grad_mask (a float
 // mask must be given).
 BackwardResult backward(const BackwardInputs& inputs, const Options& options = {}, bool mask_gradient = false);
+
+// ---- Packed variable-length batches (FlashAttention's varlen) ----------------------
+//
+// Sequences of different lengths packed along the sequence dim, no padding:
+//   query (Hq, total_q, E), key (Hkv, total_k, E), value (Hkv, total_k, Ev)
+// (any strides: FlashAttention's (total, H, E) buffers are these with permuted strides).
+// Sequence b is query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) against key rows
+// [cu_seqlens_k[b], cu_seqlens_k[b+1]), attended alone: the result equals forward() on
+// that sequence by itself (causal alignment, window and ALiBi distances are within the
+// sequence). cu_seqlens start at 0, never decrease and end at total_q / total_k; both
+// have batch + 1 entries. Options as forward(), except:
+//   mask          not accepted (per-sequence masks have no packed form);
+//   alibi_slopes  (Hq,) or (batch, Hq);
+//   dropout       sequence b draws as batch element b of a padded (batch, Hq, L, S) call.
+// Outputs: output (Hq, total_q, Ev), lse (Hq, total_q); no weights.
+struct VarlenSequences {
+  std::vector<std::int64_t> cu_seqlens_q;
+  std::vector<std::int64_t> cu_seqlens_k;
+};
+
+void forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
+                    const VarlenSequences& sequences, const ForwardOutputs& outputs, const Options& options = {});
+ForwardResult forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
+                             const VarlenSequences& sequences, const Options& options = {}, Returns returns = {});
+
+// Gradients of forward_varlen: inputs and gradients in the packed shapes above
+// (inputs.lse is (Hq, total_q)).
+void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const BackwardOutputs& outputs,
+                     const Options& options = {});
+BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences,
+                               const Options& options = {});
+
+// ---- Paged KV cache (vLLM's PagedAttention, FlashInfer) ---------------------------
+//
+// K and V live in fixed-size pages shared by every sequence of the batch:
+//   key_pages (pages, Hkv, page_size, E), value_pages (pages, Hkv, page_size, Ev)
+// (any strides: a (pages, page_size, Hkv, E) buffer is this with permuted strides).
+// Sequence b's keys are j < seq_lens[b]; key j is row j % page_size of page
+// block_table[b · blocks_per_sequence + j / page_size]. Entries of the block table past
+// a sequence's last page are not read.
+struct PagedKV {
+  TensorView key_pages;
+  TensorView value_pages;
+  std::vector<std::int64_t> block_table;  // (batch, blocks_per_sequence), row-major
+  std::int64_t blocks_per_sequence = 0;
+  std::vector<std::int64_t> seq_lens;  // (batch,)
+};
+
+// Attention of query (batch, Hq, L, E) against each sequence's paged keys: equal to
+// forward() against the same keys held contiguously (S = seq_lens[b]; bottom_right
+// causal puts the L queries at the end of the sequence, as in decoding). Options as
+// forward() except mask (not accepted); alibi_slopes (Hq,) or (batch, Hq). Outputs:
+// output (batch, Hq, L, Ev), lse (batch, Hq, L); no weights.
+void forward_paged(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
+                   const Options& options = {});
+ForwardResult forward_paged(const TensorView& query, const PagedKV& cache, const Options& options = {},
+                            Returns returns = {});
 
 // The version string ("0.1.0").
 const char* version();

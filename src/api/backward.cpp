@@ -57,6 +57,23 @@ void sum_mask_gradient(const Tensor& full, const TensorView& grad_mask, const st
   });
 }
 
+// Gradients of one problem into `outputs`: all zero when there are no rows or no keys.
+void run(const detail::BackwardProblem& problem, const BackwardOutputs& outputs, Backend backend) {
+  if (problem.batch * problem.heads_q * problem.L == 0 || problem.S == 0) {
+    for (const TensorView* g : {&outputs.grad_query, &outputs.grad_key, &outputs.grad_value}) fill_zero(*g);
+    return;
+  }
+  switch (backend) {
+    case Backend::reference:
+      detail::reference_backward(problem);
+      return;
+    case Backend::automatic:
+    case Backend::cpu:
+      detail::cpu_backward(problem);
+      return;
+  }
+}
+
 }  // namespace
 
 void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, const Options& options) {
@@ -75,19 +92,7 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
       fill_zero(*outputs.grad_mask);
     }
   }
-  if (problem.batch * problem.heads_q * problem.L == 0 || problem.S == 0) {
-    for (const TensorView* g : {&outputs.grad_query, &outputs.grad_key, &outputs.grad_value}) fill_zero(*g);
-  } else {
-    switch (options.backend) {
-      case Backend::reference:
-        detail::reference_backward(problem);
-        break;
-      case Backend::automatic:
-      case Backend::cpu:
-        detail::cpu_backward(problem);
-        break;
-    }
-  }
+  run(problem, outputs, options.backend);
   if (call.mask_gradient_sums) sum_mask_gradient(full_mask_gradient, *outputs.grad_mask, checked.weights_shape);
 }
 
@@ -107,6 +112,26 @@ BackwardResult backward(const BackwardInputs& inputs, const Options& options, bo
     outputs.grad_mask = result.grad_mask.view();
   }
   backward(inputs, outputs, options);
+  return result;
+}
+
+void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const BackwardOutputs& outputs,
+                     const Options& options) {
+  for (const detail::SequenceBackward& sequence :
+       detail::make_varlen_backward_problems(inputs, sequences, outputs, options))
+    run(sequence.problem, sequence.gradients, options.backend);
+}
+
+BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences,
+                               const Options& options) {
+  detail::check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);  // before sizing by them
+  BackwardResult result;
+  const DType dtype = inputs.query.dtype;
+  result.grad_query = Tensor(dtype, inputs.query.shape);
+  result.grad_key = Tensor(dtype, inputs.key.shape);
+  result.grad_value = Tensor(dtype, inputs.value.shape);
+  backward_varlen(inputs, sequences,
+                  {result.grad_query.view(), result.grad_key.view(), result.grad_value.view(), std::nullopt}, options);
   return result;
 }
 

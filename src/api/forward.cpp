@@ -9,12 +9,11 @@
 
 namespace sdpa {
 
-void forward(const TensorView& query, const TensorView& key, const TensorView& value,
-             const ForwardOutputs& outputs, const Options& options) {
-  const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
-  const detail::Problem problem = detail::make_problem(inputs, outputs);
+namespace {
+
+void run(const detail::Problem& problem, Backend backend) {
   if (problem.batch * problem.heads_q * problem.L == 0) return;  // no rows to compute
-  switch (options.backend) {
+  switch (backend) {
     case Backend::reference:
       detail::reference_forward(problem);
       return;
@@ -23,6 +22,27 @@ void forward(const TensorView& query, const TensorView& key, const TensorView& v
       detail::cpu_forward(problem);
       return;
   }
+}
+
+// The allocating forms: buffers of the shapes the checks give, then the buffer form.
+ForwardResult allocate(const detail::OutputShapes& shapes, Returns returns, ForwardOutputs* outputs) {
+  if (returns.weights) throw Error(ErrorKind::value, "weights", "expected no weights for a packed or paged call, got a request");
+  ForwardResult result;
+  result.output = Tensor(shapes.output_dtype, shapes.output_shape);
+  *outputs = {result.output.view(), std::nullopt, std::nullopt};
+  if (returns.lse) {
+    result.lse = Tensor(shapes.lse_dtype, shapes.lse_shape);
+    outputs->lse = result.lse.view();
+  }
+  return result;
+}
+
+}  // namespace
+
+void forward(const TensorView& query, const TensorView& key, const TensorView& value,
+             const ForwardOutputs& outputs, const Options& options) {
+  const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
+  run(detail::make_problem(inputs, outputs), options.backend);
 }
 
 ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -40,6 +60,35 @@ ForwardResult forward(const TensorView& query, const TensorView& key, const Tens
     outputs.lse = result.lse.view();
   }
   forward(query, key, value, outputs, options);
+  return result;
+}
+
+// Packed and paged calls: every sequence checked first, then each run as a problem of
+// its own (no work on padding; a sequence's threads stay within it).
+void forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
+                    const VarlenSequences& sequences, const ForwardOutputs& outputs, const Options& options) {
+  for (const detail::Problem& problem : detail::make_varlen_problems(query, key, value, sequences, outputs, options))
+    run(problem, options.backend);
+}
+
+ForwardResult forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
+                             const VarlenSequences& sequences, const Options& options, Returns returns) {
+  ForwardOutputs outputs;
+  ForwardResult result = allocate(detail::check_varlen_inputs(query, key, value, sequences, options), returns, &outputs);
+  forward_varlen(query, key, value, sequences, outputs, options);
+  return result;
+}
+
+void forward_paged(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
+                   const Options& options) {
+  for (const detail::Problem& problem : detail::make_paged_problems(query, cache, outputs, options))
+    run(problem, options.backend);
+}
+
+ForwardResult forward_paged(const TensorView& query, const PagedKV& cache, const Options& options, Returns returns) {
+  ForwardOutputs outputs;
+  ForwardResult result = allocate(detail::check_paged_inputs(query, cache, options), returns, &outputs);
+  forward_paged(query, cache, outputs, options);
   return result;
 }
 

@@ -41,6 +41,37 @@ struct CheckedBackward {
 CheckedBackward make_backward_problem(const CheckedInputs& inputs, const BackwardInputs& tensors,
                                       const BackwardOutputs& outputs);
 
+// ---- Packed variable-length batches and the paged KV cache -------------------------
+// Each is run as one Problem per sequence (Problem::first_batch = its index), built by
+// checking the whole call first (so that nothing is written on error), then each
+// sequence's views with check_inputs / make_problem.
+
+// The shapes of a varlen or paged call's outputs, once its inputs are checked.
+struct OutputShapes {
+  std::vector<std::int64_t> output_shape, lse_shape;
+  DType output_dtype = DType::float32, lse_dtype = DType::float32;
+};
+
+OutputShapes check_varlen_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
+                                 const VarlenSequences& sequences, const Options& options);
+std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorView& key, const TensorView& value,
+                                          const VarlenSequences& sequences, const ForwardOutputs& outputs,
+                                          const Options& options);
+
+// One sequence of a varlen backward: its problem and its slices of the gradient buffers
+// (zero-filled by the caller when the sequence has no queries or no keys).
+struct SequenceBackward {
+  BackwardProblem problem;
+  BackwardOutputs gradients;
+};
+std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs& inputs,
+                                                            const VarlenSequences& sequences,
+                                                            const BackwardOutputs& outputs, const Options& options);
+
+OutputShapes check_paged_inputs(const TensorView& query, const PagedKV& cache, const Options& options);
+std::vector<Problem> make_paged_problems(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
+                                         const Options& options);
+
 // The operand of a tensor shaped like the scores, (batch..., Hq, L, S), any strides.
 Operand full_scores_operand(const TensorView& scores, const CheckedInputs& inputs);
 

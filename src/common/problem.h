@@ -23,10 +23,19 @@ struct Operand {
   std::int64_t row_stride = 0;            // elements between rows (L or S index)
   std::int64_t col_stride = 0;            // elements between columns (E, Ev or S index)
 
+  // Paged rows (a paged KV cache, sdpa::forward_paged): row r lives at element
+  // head_offset + page_offset[r / page_rows] + (r % page_rows)·row_stride. 0 = not paged.
+  std::int64_t page_rows = 0;
+  std::vector<std::int64_t> page_offset;
+
   bool present() const { return data != nullptr; }
+  bool paged() const { return page_rows > 0; }
   std::byte* address(std::int64_t matrix, std::int64_t row, std::int64_t col) const {
-    const std::int64_t element = head_offset[static_cast<std::size_t>(matrix)] +
-                                 row * row_stride + col * col_stride;
+    std::int64_t element = head_offset[static_cast<std::size_t>(matrix)] + col * col_stride;
+    if (paged())
+      element += page_offset[static_cast<std::size_t>(row / page_rows)] + (row % page_rows) * row_stride;
+    else
+      element += row * row_stride;
     return data + element * static_cast<std::int64_t>(element_size);
   }
   template <class T>
@@ -54,8 +63,17 @@ struct Problem {
   Operand weights;  // absent unless asked for
   Operand lse;      // absent unless asked for; row = query index, col unused
 
-  Causal causal = Causal::none;
+  // The band of keys each query sees (causal folded in: it caps window_right at 0):
+  // query i sees d(i) − window_left <= j <= d(i) + window_right, d(i) = i + diagonal_shift;
+  // −1 = unbounded on that side.
+  std::int64_t window_left = -1, window_right = -1;
+  std::int64_t diagonal_shift = 0;  // 0 (top-left) or S − L (bottom-right)
   double scale = 1.0;
+  double softcap = 0.0;              // > 0: s = softcap · tanh(scale · q·k / softcap)
+  std::vector<double> alibi_slopes;  // empty, or one per query matrix (batch · Hq)
+  // Dropout's batch counter for batch element b is first_batch + b: a varlen sequence
+  // or a paged sequence, run as a problem of its own, draws as its batch element.
+  std::int64_t first_batch = 0;
   double dropout_p = 0.0;
   std::uint64_t seed = 0, offset = 0;
   int num_threads = 0;
@@ -65,11 +83,21 @@ struct Problem {
   std::int64_t kv_matrix(std::int64_t b, std::int64_t h) const {
     return b * heads_kv + h / (heads_q / heads_kv);  // GQA: a group of Hq/Hkv heads shares one
   }
-  // Causal: query i sees keys j < key_end(i). Without causal, all S keys.
+  // Query i sees keys key_begin(i) <= j < key_end(i) (causal and the window); the
+  // range is empty for a row they mask entirely.
+  std::int64_t key_begin(std::int64_t i) const {
+    if (window_left < 0) return 0;
+    return std::clamp<std::int64_t>(i + diagonal_shift - window_left, 0, S);
+  }
   std::int64_t key_end(std::int64_t i) const {
-    if (causal == Causal::none) return S;
-    const std::int64_t shift = causal == Causal::bottom_right ? S - L : 0;
-    return std::clamp<std::int64_t>(i + 1 + shift, 0, S);
+    if (window_right < 0) return S;
+    return std::clamp<std::int64_t>(i + diagonal_shift + window_right + 1, 0, S);
+  }
+  bool has_alibi() const { return !alibi_slopes.empty(); }
+  // ALiBi's bias for query matrix qm, query i, key j: −slope · |d(i) − j|.
+  double alibi_bias(std::int64_t qm, std::int64_t i, std::int64_t j) const {
+    const std::int64_t distance = i + diagonal_shift - j;
+    return -alibi_slopes[static_cast<std::size_t>(qm)] * static_cast<double>(distance < 0 ? -distance : distance);
   }
 };
 

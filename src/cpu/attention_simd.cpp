@@ -97,7 +97,7 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
                               std::int64_t padded, std::int64_t width, bool pairs, std::uint16_t* tile,
                               std::int64_t* stride) {
   const bool odd = pairs && width % 2 != 0;
-  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && cols == padded && !odd) {
+  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged() && cols == padded && !odd) {
     *stride = op.row_stride;
     return reinterpret_cast<const std::uint16_t*>(op.address(matrix, j0, 0));
   }
@@ -137,24 +137,26 @@ class Task {
   void Attend(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
               std::int64_t key_begin, std::int64_t key_end) {
     SetRows(b, head_kv, row0, row_count);
-    std::int64_t key_limit = 0;
+    std::int64_t key_start = p_.S, key_limit = 0;
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
       PackQuery(t);
       std::fill(t.ot.get(), t.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
       std::fill(t.m.get(), t.m.get() + s_.rows, kMinusInf);
       std::fill(t.l.get(), t.l.get() + s_.rows, 0.0f);
+      if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
       key_limit = std::max(key_limit, t.key_limit);
     }
+    // Only the key tiles some row sees (causal, the sliding window).
     const std::int64_t end = std::min(key_end, key_limit);
-    for (std::int64_t j0 = key_begin; j0 < end; j0 += kKeyTile) {
+    for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols);
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
         const std::int64_t cols = std::min(tile_cols, t.key_limit - j0);
-        if (cols <= 0) continue;
+        if (cols <= 0 || j0 + cols <= t.key_start) continue;
         if (!Scores(t, j0, cols, k)) continue;  // every score of the tile masked
         UpdateSoftmax(t, j0, cols);
         Accumulate(t, j0, cols, tile_cols);
@@ -253,8 +255,8 @@ class Task {
     return k;
   }
 
-  // Sᵀ for keys [j0, j0+cols), masked: −inf where causal, a bool mask or padding
-  // exclude the key. Returns false if every entry is −inf.
+  // Sᵀ for keys [j0, j0+cols): softcapped, masked, ALiBi-biased; −inf where causal, the
+  // window, a bool mask or padding exclude the key. Returns false if every entry is −inf.
   bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
     const std::int64_t padded = RoundUp(cols, kKeyBlock);
     float* st = s_.st.get();
@@ -267,11 +269,13 @@ class Task {
         ScoreBlock(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
     }
     padded_cols_ = padded;
+    if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, 2, nullptr, 0);
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
 
     bool any_visible = true;
     if (p_.mask.present()) any_visible = ApplyMask(t, j0, cols);
-    if (j0 + cols > t.min_key_end) ApplyCausal(t, j0, cols);
+    if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols);
+    ApplyBand(t, st, s_.rows, j0, cols);
     return any_visible;
   }
 
@@ -295,14 +299,6 @@ class Task {
       }
     }
     return any_visible;
-  }
-
-  void ApplyCausal(const Subtile& t, std::int64_t j0, std::int64_t cols) {
-    float* st = s_.st.get();
-    for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      const std::int64_t first_hidden = std::max<std::int64_t>(t.rows[r].key_end - j0, 0);
-      for (std::int64_t c = first_hidden; c < cols; ++c) st[c * s_.rows + r] = kMinusInf;
-    }
   }
 
   // The online-softmax step: turns Sᵀ into Pᵀ, updates m and l, rescales Oᵀ.
@@ -342,7 +338,7 @@ class Task {
       PhiloxBlock words{};
       for (std::int64_t c = 0; c < cols; ++c) {
         const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(b_, row.head, row.i, j);
+        if (c == 0 || (j & 3) == 0) words = dropout.words(p_.first_batch + b_, row.head, row.i, j);
         float& prob = st[c * s_.rows + r];
         prob = dropout.keep_word(words[j & 3]) ? prob * keep_scale : 0.0f;
       }
@@ -401,13 +397,13 @@ class Task {
   }
 
   // The weights, recomputed tile by tile with the final m and l: p = 2^(t − m) / l,
-  // after dropout. Keys past the causal limit get 0 (NaN in a NaN row).
+  // after dropout. Keys outside every row's band get 0 (NaN in a NaN row).
   void StoreWeights(Subtile& t) {
     const DF df;
     float* st = s_.st.get();
     for (std::int64_t j0 = 0; j0 < p_.S; j0 += kKeyTile) {
       const std::int64_t cols = std::min(kKeyTile, p_.S - j0);
-      const std::int64_t visible = std::clamp<std::int64_t>(t.key_limit - j0, 0, cols);
+      const std::int64_t visible = j0 + cols <= t.key_start ? 0 : std::clamp<std::int64_t>(t.key_limit - j0, 0, cols);
       if (visible > 0) {
         Scores(t, j0, visible, LoadKeys(j0, visible));
         for (std::int64_t c = visible; c < cols; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);

@@ -1,10 +1,12 @@
 // Portable tiled backward (FlashAttention-2's, Dao 2023, made deterministic without
 // atomics). Per (query tile × key tile), with P recomputed from the log-sum-exp the
 // forward returned, so no L×S matrix is ever held:
-//   P   = exp(S − lse)              S = Q Kᵀ · scale + mask (−inf where masked)
+//   P   = exp(S − lse)              S = C − ALiBi + mask (−inf where masked),
+//                                   C = Q Kᵀ · scale, or softcap · tanh(Q Kᵀ · scale / softcap)
 //   W   = P ∘ Z                     Z = keep/(1−p), regenerated from the Philox counter
 //   dP  = (dO Vᵀ) ∘ Z
 //   dS  = P ∘ (dP − D)              D = rowsum(dO ∘ O), once per query row
+//   dC  = dS ∘ (1 − tanh²)          with softcap (dmask = dS: the mask is added after the cap)
 // and then
 //   pass 1, a task per (batch, KV head, key tile), owning those rows of dK and dV:
 //       dV += Wᵀ dO,   dK += scale · dSᵀ Q    over every query tile of every query head
@@ -36,7 +38,7 @@ constexpr std::int64_t kKeyTile = 64;
 template <class T>
 struct Scratch {
   std::vector<T> q, dout, k, v, lse, D;  // packed tiles; lse and D per query row
-  std::vector<T> probs, dscores;         // W and dS of a tile (rows × kKeyTile)
+  std::vector<T> probs, dscores;         // W and dS (dC with softcap) of a tile (rows × kKeyTile)
   std::vector<T> acc_a, acc_b;           // pass 1: dK, dV of the key tile; pass 2: dQ
   explicit Scratch(const BackwardProblem& p)
       : q(kQueryTile * p.E),
@@ -72,10 +74,11 @@ void pack_queries(const BackwardProblem& p, Scratch<T>& s, std::int64_t qm, std:
 }
 
 // W and dS of query rows [i0, i0+rows) (packed in s.q, s.dout, s.lse, s.D) against
-// keys [j0, j0+cols) (packed in s.k, s.v), into s.probs and s.dscores.
+// keys [j0, j0+cols) (packed in s.k, s.v), into s.probs and s.dscores; the mask
+// gradient dS into grad_mask when `store_mask_gradient` (pass 2 only: written once).
 template <class T>
 void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::int64_t h, std::int64_t i0,
-                    std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+                    std::int64_t rows, std::int64_t j0, std::int64_t cols, bool store_mask_gradient) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   const std::int64_t qm = p.q_matrix(b, h);
   T* probs = s.probs.data();
@@ -84,13 +87,20 @@ void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std
   score_tile<T>(s.dout.data(), s.v.data(), rows, cols, p.Ev, T{1}, dscores, kKeyTile);  // dO Vᵀ
   const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
+  const T cap = static_cast<T>(p.softcap);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = i0 + r;
-    const std::int64_t visible = p.key_end(i) - j0;
+    const std::int64_t begin = p.key_begin(i) - j0, end = p.key_end(i) - j0;  // visible: [begin, end)
     const T lse = s.lse[r];
     PhiloxBlock words{};
     for (std::int64_t c = 0; c < cols; ++c) {
       T score = probs[r * kKeyTile + c];
+      T tanh_capped = 0;
+      if (p.softcap > 0.0) {
+        tanh_capped = std::tanh(score / cap);
+        score = cap * tanh_capped;
+      }
+      if (p.has_alibi()) score += static_cast<T>(p.alibi_bias(qm, i, j0 + c));
       if (p.mask.present()) {
         const T m = p.mask.load<T>(qm, i, j0 + c);
         if (p.mask_is_bool) {
@@ -99,18 +109,20 @@ void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std
           score += m;
         }
       }
-      if (c >= visible) score = kMinusInf;
+      if (c < begin || c >= end) score = kMinusInf;
       // A fully masked row has lse = −inf: P = 0 there, not exp(−inf + inf) = NaN.
       const T prob = lse == kMinusInf ? T{0} : std::exp(score - lse);
       T keep = 1;
       if (p.dropout_p > 0.0) {
         const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(b, h, i, j);
+        if (c == 0 || (j & 3) == 0) words = dropout.words(p.first_batch + b, h, i, j);
         keep = dropout.keep_word(words[j & 3]) ? keep_scale : T{0};
       }
       const T dprob = dscores[r * kKeyTile + c] * keep;
       probs[r * kKeyTile + c] = prob * keep;
-      dscores[r * kKeyTile + c] = prob == T{0} ? T{0} : prob * (dprob - s.D[r]);
+      const T dscore = prob == T{0} ? T{0} : prob * (dprob - s.D[r]);
+      if (store_mask_gradient) p.grad_mask.store<T>(qm, i, j0 + c, dscore);
+      dscores[r * kKeyTile + c] = dscore * (T{1} - tanh_capped * tanh_capped);
     }
   }
 }
@@ -131,9 +143,10 @@ void key_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::int6
     const std::int64_t qm = p.q_matrix(b, h);
     for (std::int64_t i0 = 0; i0 < p.L; i0 += kQueryTile) {
       const std::int64_t rows = std::min(kQueryTile, p.L - i0);
-      if (p.key_end(i0 + rows - 1) <= j0) continue;  // causal: no row of the tile sees these keys
+      // Causal, window: no row of the tile sees these keys.
+      if (p.key_end(i0 + rows - 1) <= j0 || p.key_begin(i0) >= j0 + cols) continue;
       pack_queries(p, s, qm, i0, rows);
-      tile_gradients(p, s, b, h, i0, rows, j0, cols);
+      tile_gradients(p, s, b, h, i0, rows, j0, cols, false);
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t c = 0; c < cols; ++c) {
           const T w = s.probs[r * kKeyTile + c], ds = s.dscores[r * kKeyTile + c];
@@ -157,16 +170,14 @@ void query_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::in
   T* dq = s.acc_a.data();
   std::fill(dq, dq + rows * p.E, T{0});
   pack_queries(p, s, qm, i0, rows);
+  const std::int64_t key_start = p.key_begin(i0) / kKeyTile * kKeyTile;
   const std::int64_t key_limit = p.key_end(i0 + rows - 1);
-  for (std::int64_t j0 = 0; j0 < key_limit; j0 += kKeyTile) {
+  for (std::int64_t j0 = key_start; j0 < key_limit; j0 += kKeyTile) {
     const std::int64_t cols = std::min(kKeyTile, key_limit - j0);
     pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
     pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
-    tile_gradients(p, s, b, h, i0, rows, j0, cols);
+    tile_gradients(p, s, b, h, i0, rows, j0, cols, p.grad_mask.present());
     accumulate_pv<T>(s.dscores.data(), s.k.data(), rows, cols, p.E, kKeyTile, dq);
-    if (p.grad_mask.present())
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c) p.grad_mask.store<T>(qm, i0 + r, j0 + c, s.dscores[r * kKeyTile + c]);
   }
   const T scale = static_cast<T>(p.scale);
   for (std::int64_t r = 0; r < rows; ++r)

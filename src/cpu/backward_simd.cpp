@@ -8,6 +8,7 @@
 //   Sᵀ[c][r]  = Σ_e K[c][e] · Qᵀ[e][r]              (broadcast K[c][e] against a Qᵀ row)
 //   dPᵀ[c][r] = Σ_d V[c][d] · dOᵀ[d][r]             (the same kernel on V and dOᵀ)
 //   Pᵀ = 2^(Sᵀ − lse2),  Wᵀ = Pᵀ ∘ Z,  dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D)   (lane-wise; D = rowsum(dO ∘ O))
+//   (softcap: Sᵀ = C·tanh(Sᵀ/C) before the mask, and dSᵀ ∘= 1 − tanh² after dmask = dSᵀ)
 //   dQᵀ[e][r] += Σ_c K[c][e] · dSᵀ[c][r]            (broadcast K[c][e] against a dSᵀ row)
 //   dV[c][·]  += Σ_r Wᵀ[c][r]  · dO[r][·]           (broadcast Wᵀ[c][r] against a dO row)
 //   dK[c][·]  += Σ_r dSᵀ[c][r] · Q[r][·]            (broadcast dSᵀ[c][r] against a Q row)
@@ -94,8 +95,9 @@ struct Scratch {
   // the dK and dV rank updates.
   hwy::AlignedFreeUniquePtr<float[]> q_rows, do_rows;
   // Sᵀ then Wᵀ, and dPᵀ then dSᵀ, of one key tile for all the block's rows
-  // (kKeyTile × block_rows); the dropout factors of one subtile (kKeyTile × rows).
-  hwy::AlignedFreeUniquePtr<float[]> st, dpt, zt;
+  // (kKeyTile × block_rows); the dropout factors and the softcap's tanh of one subtile
+  // (kKeyTile × rows).
+  hwy::AlignedFreeUniquePtr<float[]> st, dpt, zt, tanh_t;
   hwy::AlignedFreeUniquePtr<float[]> k_tile, v_tile, row_buffer;
   // dK and dV of the task's key chunk (chunk_keys × E_pad / Ev_pad).
   hwy::AlignedFreeUniquePtr<float[]> dk, dv;
@@ -118,6 +120,7 @@ struct Scratch {
     st = hwy::AllocateAligned<float>(kKeyTile * block_rows);
     dpt = hwy::AllocateAligned<float>(kKeyTile * block_rows);
     zt = hwy::AllocateAligned<float>(kKeyTile * rows);
+    tanh_t = hwy::AllocateAligned<float>(p.softcap > 0.0 ? kKeyTile * rows : 1);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));
@@ -146,10 +149,16 @@ class Task {
       const std::int64_t row_count = std::min(block_rows, group_rows - row0);
       SetRows(head_kv, row0, row_count);
       PackBlock();
-      std::int64_t key_limit = 0;
-      for (std::int64_t g = 0; g < subtiles_; ++g) key_limit = std::max(key_limit, s_.sub[g].key_limit);
+      std::int64_t key_start = p_.S, key_limit = 0;
+      for (std::int64_t g = 0; g < subtiles_; ++g) {
+        const Subtile& t = s_.sub[g];
+        if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
+        key_limit = std::max(key_limit, t.key_limit);
+      }
+      // Only the key tiles some row sees (causal, the sliding window).
       const std::int64_t end = std::min(key_end, key_limit);
-      for (std::int64_t j0 = key_begin; j0 < end; j0 += kKeyTile) KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
+      for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile)
+        KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
       StoreQueryGradient(row0, partial);
     }
     StoreKeyGradients(keys);
@@ -214,7 +223,7 @@ class Task {
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
       const std::int64_t visible = std::min(cols, t.key_limit - j0);
-      if (visible <= 0 || !Gradients(t, g, j0, visible, padded, k, k_stride, v, v_stride)) {
+      if (visible <= 0 || j0 + visible <= t.key_start || !Gradients(t, g, j0, visible, padded, k, k_stride, v, v_stride)) {
         ZeroColumns(g, padded);  // the rank updates below read every row of the block
         continue;
       }
@@ -265,9 +274,12 @@ class Task {
     float* dpt = s_.dpt.get() + g * R;
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
       ScoreBlock(t.qt.get(), R, p_.E, k + c * k_stride, k_stride, st + c * BR, BR);
+    const bool softcap = p_.softcap > 0.0;
+    if (softcap) Softcap(p_, st, BR, padded, 2, s_.tanh_t.get(), R);
     for (std::int64_t c = visible; c < padded; ++c) std::fill(st + c * BR, st + c * BR + R, kMinusInf);
     if (p_.mask.present() && !ApplyMask(t, st, j0, visible)) return false;
-    if (j0 + visible > t.min_key_end) ApplyCausal(t, st, j0, visible);
+    if (p_.has_alibi()) AddAlibi(p_, t, st, BR, j0, visible);
+    ApplyBand(t, st, BR, j0, visible);
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
       ScoreBlock(t.dot.get(), R, p_.Ev, v + c * v_stride, v_stride, dpt + c * BR, BR);
 
@@ -297,6 +309,14 @@ class Task {
       for (std::size_t r = 0; r < t.rows.size(); ++r)
         for (std::int64_t c = 0; c < visible; ++c)
           p_.grad_mask.store<float>(t.rows[r].matrix, t.rows[r].i, j0 + c, dpt[c * BR + r]);
+    // Softcap's chain rule: d(C·tanh(x/C))/dx = 1 − tanh²; the mask was added after it.
+    if (softcap)
+      for (std::size_t half = 0; half < 2; ++half)
+        for (std::int64_t c = 0; c < padded; ++c) {
+          float* dp_at = dpt + c * BR + half * n_;
+          const VF t2 = hn::Load(df, s_.tanh_t.get() + c * R + half * n_);
+          hn::Store(hn::Mul(hn::Load(df, dp_at), hn::NegMulAdd(t2, t2, hn::Set(df, 1.0f))), df, dp_at);
+        }
     return true;
   }
 
@@ -321,13 +341,6 @@ class Task {
     return any_visible;
   }
 
-  void ApplyCausal(const Subtile& t, float* st, std::int64_t j0, std::int64_t cols) {
-    const std::size_t BR = s_.block_rows;
-    for (std::size_t r = 0; r < t.rows.size(); ++r)
-      for (std::int64_t c = std::max<std::int64_t>(t.rows[r].key_end - j0, 0); c < cols; ++c)
-        st[c * BR + r] = kMinusInf;
-  }
-
   // zt[c][r] = keep/(1−p) from the forward's Philox counter (common/philox.h); 0 for
   // keys past `visible` and for padding rows.
   void DropoutFactors(const Subtile& t, std::int64_t j0, std::int64_t visible, std::int64_t padded) {
@@ -341,7 +354,7 @@ class Task {
       PhiloxBlock words{};
       for (std::int64_t c = 0; c < visible; ++c) {
         const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(b_, row.head, row.i, j);
+        if (c == 0 || (j & 3) == 0) words = dropout.words(p_.first_batch + b_, row.head, row.i, j);
         zt[c * R + r] = dropout.keep_word(words[j & 3]) ? keep_scale : 0.0f;
       }
     }

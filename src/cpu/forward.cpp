@@ -48,17 +48,20 @@ void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::
     for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
 }
 
-// Scores of query rows [i0, i0+rows) against keys [j0, j0+cols): scaled, masked,
-// −inf where causal or a bool mask excludes the key.
+// Scores of query rows [i0, i0+rows) against keys [j0, j0+cols): scaled, softcapped,
+// ALiBi-biased, masked; −inf where causal, the window or a bool mask excludes the key.
 template <class T>
 void masked_scores(const Problem& p, Scratch<T>& s, std::int64_t qm, std::int64_t i0, std::int64_t rows,
                    std::int64_t j0, std::int64_t cols) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   score_tile<T>(s.q.data(), s.k.data(), rows, cols, p.E, static_cast<T>(p.scale), s.scores.data(), kKeyTile);
+  const T cap = static_cast<T>(p.softcap);
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = s.scores.data() + r * kKeyTile;
-    const std::int64_t visible = p.key_end(i0 + r) - j0;  // keys at c >= visible are causal-masked
+    const std::int64_t begin = p.key_begin(i0 + r) - j0, end = p.key_end(i0 + r) - j0;  // visible: [begin, end)
     for (std::int64_t c = 0; c < cols; ++c) {
+      if (p.softcap > 0.0) row[c] = cap * std::tanh(row[c] / cap);
+      if (p.has_alibi()) row[c] += static_cast<T>(p.alibi_bias(qm, i0 + r, j0 + c));
       if (p.mask.present()) {
         const T m = p.mask.load<T>(qm, i0 + r, j0 + c);
         if (p.mask_is_bool) {
@@ -67,7 +70,7 @@ void masked_scores(const Problem& p, Scratch<T>& s, std::int64_t qm, std::int64_
           row[c] += m;
         }
       }
-      if (c >= visible) row[c] = kMinusInf;
+      if (c < begin || c >= end) row[c] = kMinusInf;
     }
   }
 }
@@ -99,9 +102,11 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   std::fill(s.row_max.begin(), s.row_max.end(), kMinusInf);
   std::fill(s.row_sum.begin(), s.row_sum.end(), T{0});
 
-  // Causal: no row of this tile sees a key at or past the last row's key_end.
+  // Causal, window: no row of this tile sees a key before the first row's key_begin or
+  // at or past the last row's key_end (both grow with i). Tiles stay aligned to kKeyTile.
+  const std::int64_t key_start = p.key_begin(i0) / kKeyTile * kKeyTile;
   const std::int64_t key_limit = p.key_end(i0 + rows - 1);
-  for (std::int64_t j0 = 0; j0 < key_limit; j0 += kKeyTile) {
+  for (std::int64_t j0 = key_start; j0 < key_limit; j0 += kKeyTile) {
     const std::int64_t cols = std::min(kKeyTile, key_limit - j0);
     pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
     pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
@@ -126,7 +131,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
       s.row_max[r] = new_max;
       T* acc_row = s.acc.data() + r * p.Ev;
       for (std::int64_t d = 0; d < p.Ev; ++d) acc_row[d] *= alpha;
-      if (dropping) apply_dropout(dropout, keep_scale, b, h, i0 + r, j0, cols, row);
+      if (dropping) apply_dropout(dropout, keep_scale, p.first_batch + b, h, i0 + r, j0, cols, row);
     }
     accumulate_pv<T>(s.scores.data(), s.v.data(), rows, cols, p.Ev, kKeyTile, s.acc.data());
   }
@@ -145,7 +150,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   // Second pass for the weights: exp(s − m) / l, after dropout; 0 past key_limit.
   for (std::int64_t j0 = 0; j0 < p.S; j0 += kKeyTile) {
     const std::int64_t cols = std::min(kKeyTile, p.S - j0);
-    const bool visible = j0 < key_limit;
+    const bool visible = j0 >= key_start && j0 < key_limit;
     if (visible) {
       pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
       masked_scores(p, s, qm, i0, rows, j0, cols);
@@ -162,7 +167,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
       } else {
         const T inverse_sum = T{1} / s.row_sum[r];
         for (std::int64_t c = 0; c < cols; ++c) row[c] = std::exp(row[c] - s.row_max[r]) * inverse_sum;
-        if (dropping) apply_dropout(dropout, keep_scale, b, h, i0 + r, j0, cols, row);
+        if (dropping) apply_dropout(dropout, keep_scale, p.first_batch + b, h, i0 + r, j0, cols, row);
       }
       for (std::int64_t c = 0; c < cols; ++c) p.weights.store<T>(qm, i0 + r, j0 + c, row[c]);
     }

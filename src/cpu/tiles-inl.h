@@ -17,6 +17,7 @@
 
 #include "common/half.h"
 #include "common/problem.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -174,16 +175,19 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
   }
 }
 
-// A query row of a task: which (matrix, head, i) it is and how many keys it sees.
+// A query row of a task: which (matrix, head, i) it is and which keys it sees:
+// [key_begin, key_end) (causal and the sliding window).
 struct Row {
-  std::int64_t matrix, head, i, key_end;
+  std::int64_t matrix, head, i, key_begin, key_end;
 };
 
 // The query rows of one subtile (the rest of its lanes are padding).
 struct RowSet {
   std::vector<Row> rows;
-  std::int64_t key_limit = 0;    // no row sees a key at or past it
-  std::int64_t min_key_end = 0;  // every row sees the keys before it
+  std::int64_t key_start = 0;      // no row sees a key before it
+  std::int64_t key_limit = 0;      // no row sees a key at or past it
+  std::int64_t max_key_begin = 0;  // every row sees the keys in [max_key_begin, min_key_end)
+  std::int64_t min_key_end = 0;
 };
 
 // Fills `set` with rows [first, first + count) of the flattened (group heads × L) query
@@ -194,13 +198,77 @@ void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::
                 RowSet& set) {
   const std::int64_t group = p.heads_q / p.heads_kv;
   set.rows.clear();
+  set.key_start = p.S;
   set.key_limit = 0;
+  set.max_key_begin = 0;
   set.min_key_end = p.S;
   for (std::int64_t flat = first; flat < first + count; ++flat) {
     const std::int64_t head = head_kv * group + flat / p.L, i = flat % p.L;
-    set.rows.push_back({p.q_matrix(b, head), head, i, p.key_end(i)});
-    set.key_limit = std::max(set.key_limit, set.rows.back().key_end);
-    set.min_key_end = std::min(set.min_key_end, set.rows.back().key_end);
+    const Row row{p.q_matrix(b, head), head, i, p.key_begin(i), p.key_end(i)};
+    if (row.key_begin >= row.key_end) {  // sees no key (the window or causal hides all)
+      set.rows.push_back({row.matrix, head, i, 0, 0});
+      set.max_key_begin = p.S;
+      set.min_key_end = 0;
+      continue;
+    }
+    set.rows.push_back(row);
+    set.key_start = std::min(set.key_start, row.key_begin);
+    set.key_limit = std::max(set.key_limit, row.key_end);
+    set.max_key_begin = std::max(set.max_key_begin, row.key_begin);
+    set.min_key_end = std::min(set.min_key_end, row.key_end);
+  }
+  if (set.key_limit == 0) set.key_start = 0;  // no row sees anything: an empty range
+}
+
+// The first key tile to visit for rows that see nothing before `key_start`, in a loop
+// that starts at `begin` and steps by kKeyTile (tiles stay on that grid).
+inline std::int64_t FirstTile(std::int64_t begin, std::int64_t key_start) {
+  return key_start <= begin ? begin : begin + (key_start - begin) / kKeyTile * kKeyTile;
+}
+
+// The score transforms between Sᵀ = Q Kᵀ · scale and the mask, on a transposed tile
+// st[c·stride + r] (keys c < cols, query rows r of `set`), in log2 units (scores ·
+// log2 e). Logit softcapping: t ← C·tanh(t / C), C = softcap · log2 e, over `cols` keys
+// of `vectors` row vectors; when `tanh_out` is given it receives tanh(t / C) (the
+// backward's chain rule) with the same layout as st.
+inline void Softcap(const Problem& p, float* st, std::size_t stride, std::int64_t cols, std::size_t vectors,
+                    float* tanh_out, std::size_t tanh_stride) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  const VF cap = hn::Set(df, static_cast<float>(p.softcap * kLog2e));
+  const VF inverse_cap = hn::Set(df, static_cast<float>(1.0 / (p.softcap * kLog2e)));
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::size_t v = 0; v < vectors; ++v) {
+      float* at = st + static_cast<std::size_t>(c) * stride + v * N;
+      const VF t = hn::Tanh(df, hn::Mul(hn::Load(df, at), inverse_cap));
+      if (tanh_out) hn::Store(t, df, tanh_out + static_cast<std::size_t>(c) * tanh_stride + v * N);
+      hn::Store(hn::Mul(t, cap), df, at);
+    }
+}
+
+// ALiBi: t += −slope · |d(i) − j| · log2 e for keys [j0, j0+cols).
+inline void AddAlibi(const Problem& p, const RowSet& set, float* st, std::size_t stride, std::int64_t j0,
+                     std::int64_t cols) {
+  for (std::size_t r = 0; r < set.rows.size(); ++r) {
+    const Row& row = set.rows[r];
+    const float slope = static_cast<float>(p.alibi_slopes[static_cast<std::size_t>(row.matrix)] * kLog2e);
+    const std::int64_t diagonal = row.i + p.diagonal_shift;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::int64_t distance = diagonal - (j0 + c);
+      st[static_cast<std::size_t>(c) * stride + r] -= slope * static_cast<float>(distance < 0 ? -distance : distance);
+    }
+  }
+}
+
+// −inf outside each row's [key_begin, key_end) (causal, the sliding window), for keys
+// [j0, j0+cols). Only needed when some row's band cuts the range.
+inline void ApplyBand(const RowSet& set, float* st, std::size_t stride, std::int64_t j0, std::int64_t cols) {
+  if (j0 >= set.max_key_begin && j0 + cols <= set.min_key_end) return;
+  for (std::size_t r = 0; r < set.rows.size(); ++r) {
+    const std::int64_t begin = std::clamp<std::int64_t>(set.rows[r].key_begin - j0, 0, cols);
+    const std::int64_t end = std::clamp<std::int64_t>(set.rows[r].key_end - j0, begin, cols);
+    for (std::int64_t c = 0; c < begin; ++c) st[static_cast<std::size_t>(c) * stride + r] = kMinusInf;
+    for (std::int64_t c = end; c < cols; ++c) st[static_cast<std::size_t>(c) * stride + r] = kMinusInf;
   }
 }
 
@@ -211,7 +279,7 @@ void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::
 inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                                  std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
-  if (op.dtype == DType::float32 && op.col_stride == 1 && cols == padded && aligned(op.data) &&
+  if (op.dtype == DType::float32 && op.col_stride == 1 && !op.paged() && cols == padded && aligned(op.data) &&
       aligned(op.address(matrix, j0, 0))) {
     *stride = op.row_stride;
     return reinterpret_cast<const float*>(op.address(matrix, j0, 0));

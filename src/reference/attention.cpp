@@ -41,7 +41,7 @@ void reference_forward(const Problem& p) {
         std::vector<double> weights(static_cast<std::size_t>(p.S), 0.0);
         for (std::int64_t j = 0; j < p.S && !fully_masked; ++j) {
           double w = std::exp(scores[static_cast<std::size_t>(j)] - row_max) / sum;
-          if (p.dropout_p > 0.0) w = dropout.keep(b, h, i, j) ? w * keep_scale : 0.0;
+          if (p.dropout_p > 0.0) w = dropout.keep(p.first_batch + b, h, i, j) ? w * keep_scale : 0.0;
           weights[static_cast<std::size_t>(j)] = w;
         }
         if (p.weights.present())

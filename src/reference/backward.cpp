@@ -1,6 +1,7 @@
 // The float64 oracle backward. Never optimised: one query row at a time, the chain rule
 // through each step of reference_forward (src/reference/attention.cpp):
-//   s_j  = scale · q·k_j + mask_j, −inf where masked        (scores)
+//   c_j  = scale · q·k_j, or softcap · tanh(scale · q·k_j / softcap)
+//   s_j  = c_j − ALiBi_j + mask_j, −inf where masked       (scores)
 //   P_j  = exp(s_j − max) / Σ exp(s − max)                  (softmax; 0 if fully masked)
 //   W_j  = P_j · Z_j,  Z_j = keep_j / (1 − p)               (dropout)
 //   o    = Σ_j W_j v_j                                      (output)
@@ -8,7 +9,8 @@
 //   dW_j = dL/do · v_j          dV_j += W_j · dL/do
 //   dP_j = dW_j · Z_j
 //   dS_j = P_j (dP_j − Σ_k P_k dP_k)                        (softmax Jacobian)
-//   dq   = scale · Σ_j dS_j k_j      dK_j += scale · dS_j q      dmask_j = dS_j
+//   dC_j = dS_j · (1 − tanh²) with softcap, else dS_j       (dmask_j = dS_j: added after the cap)
+//   dq   = scale · Σ_j dC_j k_j      dK_j += scale · dC_j q
 // Σ_k P_k dP_k is the D = rowsum(dO ∘ O) of FlashAttention, computed here from its
 // definition rather than from O.
 #include "reference/backward.h"
@@ -25,7 +27,7 @@ void reference_backward(const BackwardProblem& p) {
   const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
   const double keep_scale = 1.0 / (1.0 - p.dropout_p);
   const std::size_t S = static_cast<std::size_t>(p.S);
-  std::vector<double> probs(S), keep(S), dprobs(S), dscores(S), dq(static_cast<std::size_t>(p.E));
+  std::vector<double> probs(S), keep(S), dprobs(S), dscores(S), capped(S), dq(static_cast<std::size_t>(p.E));
   // dK and dV of every KV matrix, summed over the query heads that read it.
   const std::size_t kv_matrices = static_cast<std::size_t>(p.batch * p.heads_kv);
   std::vector<double> dk(kv_matrices * S * static_cast<std::size_t>(p.E), 0.0);
@@ -44,11 +46,11 @@ void reference_backward(const BackwardProblem& p) {
       const std::int64_t qm = p.q_matrix(b, h), kvm = p.kv_matrix(b, h);
       for (std::int64_t i = 0; i < p.L; ++i) {
         // Scores and softmax, as the forward; a fully masked row has P = 0 and so every gradient 0.
-        const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i);
+        const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i, &capped);
         const auto [row_max, sum, fully_masked] = softmax_normaliser(scores);
         for (std::size_t j = 0; j < S; ++j) {
           probs[j] = fully_masked ? 0.0 : std::exp(scores[j] - row_max) / sum;
-          keep[j] = p.dropout_p > 0.0 ? (dropout.keep(b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0) : 1.0;
+          keep[j] = p.dropout_p > 0.0 ? (dropout.keep(p.first_batch + b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0) : 1.0;
         }
 
         // dW_j = dO_i · v_j,  dP_j = dW_j Z_j,  D = Σ_j P_j dP_j.
@@ -65,7 +67,8 @@ void reference_backward(const BackwardProblem& p) {
         // dq = scale Σ_j dS_j k_j;  dK_j += scale dS_j q;  dV_j += W_j dO_i;  dmask = dS.
         std::fill(dq.begin(), dq.end(), 0.0);
         for (std::int64_t j = 0; j < p.S; ++j) {
-          const double ds = dscores[static_cast<std::size_t>(j)];
+          const double t = capped[static_cast<std::size_t>(j)];  // 0 without softcap
+          const double ds = dscores[static_cast<std::size_t>(j)] * (1.0 - t * t);
           const double w = probs[static_cast<std::size_t>(j)] * keep[static_cast<std::size_t>(j)];
           if (fully_masked) continue;  // P = 0: nothing flows (and 0 · NaN must not appear)
           for (std::int64_t e = 0; e < p.E; ++e) {

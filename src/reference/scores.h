@@ -18,14 +18,25 @@ inline double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a 
 
 // The scores of query i (matrix `qm`) against every key (matrix `kvm`):
 //   scores  = Q Kᵀ · scale            (1) raw scores, (2) scaled
-//   scores += mask, −inf where masked (3) mask (bool false, causal → −inf; float added)
-inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t qm, std::int64_t kvm, std::int64_t i) {
+//   scores  = softcap·tanh(s/softcap) (2a) logit softcapping, when softcap > 0
+//   scores −= slope · |d(i) − j|      (2b) ALiBi, when slopes are given
+//   scores += mask, −inf where masked (3) mask (bool false, causal, window → −inf; float added)
+// `capped`, when given, receives tanh(s/softcap) per key (the backward's chain rule).
+inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t qm, std::int64_t kvm, std::int64_t i,
+                                                std::vector<double>* capped = nullptr) {
   constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
   std::vector<double> scores(static_cast<std::size_t>(p.S));
+  if (capped) capped->assign(static_cast<std::size_t>(p.S), 0.0);
   for (std::int64_t j = 0; j < p.S; ++j) {
     double dot = 0.0;
     for (std::int64_t e = 0; e < p.E; ++e) dot += p.query.load<double>(qm, i, e) * p.key.load<double>(kvm, j, e);
     double s = dot * p.scale;
+    if (p.softcap > 0.0) {
+      const double t = std::tanh(s / p.softcap);
+      if (capped) (*capped)[static_cast<std::size_t>(j)] = t;
+      s = p.softcap * t;
+    }
+    if (p.has_alibi()) s += p.alibi_bias(qm, i, j);
     if (p.mask.present()) {
       const double m = p.mask.load<double>(qm, i, j);
       if (p.mask_is_bool) {
@@ -34,7 +45,7 @@ inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t q
         s += m;  // float mask: added
       }
     }
-    if (j >= p.key_end(i)) s = kMinusInf;  // causal
+    if (j < p.key_begin(i) || j >= p.key_end(i)) s = kMinusInf;  // causal, window
     scores[static_cast<std::size_t>(j)] = s;
   }
   return scores;
