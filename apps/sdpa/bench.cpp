@@ -1,10 +1,13 @@
 // `sdpa bench`: the forward over the benchmark grid of issue #4, with the machine's
 // peaks measured in the same run. FLOPs as FlashAttention counts them: 4·B·Hq·L·S·E
 // (E = Ev), half of that when causal with L = S. Decode (L = 1) is memory-bound: its
-// figure is GB/s of K and V read, against a streaming-read probe.
+// figure is GB/s of K and V read, against a streaming-read probe. `--features` times the
+// issue #7 features against the calls they replace (same results, less work).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -120,6 +123,187 @@ void progress(std::size_t done, std::size_t total, const std::string& what) {
   std::fflush(stderr);
 }
 
+// Median seconds of `repeats` calls after one warm-up call.
+double median_seconds(int repeats, const std::function<void()>& call) {
+  call();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+// A feature's call against the call it replaces (which gives the same results with
+// more work), timed alternately in the same run.
+struct Comparison {
+  std::string name, baseline;
+  std::function<void()> call, baseline_call;
+  double seconds = 0, baseline_seconds = 0;
+};
+
+// One attention problem's tensors and a forward (and backward) over them, as a closure.
+struct Case {
+  Tensor q, k, v, out, lse, dout, dq, dk, dv, mask;
+  Options options;
+  Case(DType dtype, std::vector<std::int64_t> q_shape, std::vector<std::int64_t> kv_shape, Options opts,
+       std::mt19937_64& rng)
+      : q(random_tensor(dtype, q_shape, rng)),
+        k(random_tensor(dtype, kv_shape, rng)),
+        v(random_tensor(dtype, kv_shape, rng)),
+        out(dtype, q_shape),
+        dout(random_tensor(dtype, q_shape, rng)),
+        dq(dtype, q_shape),
+        dk(dtype, kv_shape),
+        dv(dtype, kv_shape),
+        options(std::move(opts)) {
+    q_shape.pop_back();
+    lse = Tensor(DType::float32, q_shape);
+  }
+  ForwardOutputs outputs() const { return {out.view(), std::nullopt, lse.view()}; }
+  BackwardInputs backward_inputs() const {
+    return {q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view()};
+  }
+  BackwardOutputs gradients() const { return {dq.view(), dk.view(), dv.view(), std::nullopt}; }
+  void forward_call() const { forward(q.view(), k.view(), v.view(), outputs(), options); }
+  void training_call() const {
+    forward_call();
+    backward(backward_inputs(), gradients(), options);
+  }
+};
+
+// The comparisons of `sdpa bench --features`; with `training`, forward + backward where
+// FlashAttention has a backward (window, varlen, ALiBi, softcap).
+std::vector<Comparison> feature_comparisons(bool training, int threads) {
+  std::mt19937_64 rng(7);
+  std::vector<Comparison> list;
+  auto options = [&](auto&& set) {
+    Options o;
+    o.num_threads = threads;
+    set(o);
+    return o;
+  };
+  auto timed = [training](const std::shared_ptr<Case>& c) {
+    return training ? std::function<void()>([c] { c->training_call(); }) : std::function<void()>([c] { c->forward_call(); });
+  };
+
+  // Sliding window at L = S = 8192 (Mistral's local causal attention and a symmetric
+  // window) against full attention.
+  const std::int64_t H = 4, N = 8192, E = 64;
+  auto full = std::make_shared<Case>(DType::float32, std::vector<std::int64_t>{1, H, N, E},
+                                     std::vector<std::int64_t>{1, H, N, E}, options([](Options&) {}), rng);
+  const std::string shape = "float32 H=4 L=S=8192 E=64";
+  auto window_case = [&](std::int64_t left, std::int64_t right, Causal causal) {
+    auto c = std::make_shared<Case>(*full);
+    c->options.window_left = left;
+    c->options.window_right = right;
+    c->options.causal = causal;
+    return c;
+  };
+  auto causal = window_case(-1, -1, Causal::bottom_right);
+  auto local = window_case(256, 0, Causal::bottom_right);
+  auto band = window_case(256, 256, Causal::none);
+  list.push_back({"causal " + shape, "full", timed(causal), timed(full)});
+  list.push_back({"window (256, 0) causal " + shape, "full", timed(local), timed(full)});
+  list.push_back({"window (256, 256) " + shape, "full", timed(band), timed(full)});
+
+  // Varlen: 8 sequences of up to 2048 tokens, half the padded batch's tokens, against
+  // the padded batch with a key-padding mask (the same results on the real rows).
+  {
+    const std::vector<std::int64_t> lengths{2048, 1792, 1280, 1024, 768, 512, 256, 512};
+    const std::int64_t B = 8, Lmax = 2048, Hv = 8;
+    auto padded = std::make_shared<Case>(DType::float32, std::vector<std::int64_t>{B, Hv, Lmax, E},
+                                         std::vector<std::int64_t>{B, Hv, Lmax, E}, options([](Options&) {}), rng);
+    padded->mask = Tensor(DType::boolean, {B, 1, 1, Lmax});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < lengths[static_cast<std::size_t>(b)]; ++j) padded->mask.set(b * Lmax + j, 1.0);
+    padded->options.mask = padded->mask.view();
+    std::int64_t total = 0;
+    VarlenSequences sequences{{0}, {0}};
+    for (std::int64_t length : lengths) {
+      total += length;
+      sequences.cu_seqlens_q.push_back(total);
+      sequences.cu_seqlens_k.push_back(total);
+    }
+    auto packed = std::make_shared<Case>(DType::float32, std::vector<std::int64_t>{Hv, total, E},
+                                         std::vector<std::int64_t>{Hv, total, E}, options([](Options&) {}), rng);
+    std::function<void()> varlen = [packed, sequences, training] {
+      forward_varlen(packed->q.view(), packed->k.view(), packed->v.view(), sequences, packed->outputs(),
+                     packed->options);
+      if (training) backward_varlen(packed->backward_inputs(), sequences, packed->gradients(), packed->options);
+    };
+    list.push_back({"varlen 8 seqs (half padding) float32 H=8 Lmax=2048 E=64", "padded batch + mask", varlen,
+                    timed(padded)});
+  }
+
+  // Paged decoding: 8 sequences of 4096 keys in shuffled 16-row pages, against the same
+  // keys held contiguously. Forward only (decoding).
+  if (!training) {
+    const std::int64_t B = 8, Hq = 32, Hkv = 8, S = 4096, Ev = 128, page = 16, blocks = S / page;
+    auto contiguous = std::make_shared<Case>(DType::float32, std::vector<std::int64_t>{B, Hq, 1, Ev},
+                                             std::vector<std::int64_t>{B, Hkv, S, Ev}, options([](Options&) {}), rng);
+    auto pages = std::make_shared<std::pair<Tensor, Tensor>>(random_tensor(DType::float32, {B * blocks, Hkv, page, Ev}, rng),
+                                                             random_tensor(DType::float32, {B * blocks, Hkv, page, Ev}, rng));
+    auto cache = std::make_shared<PagedKV>();
+    cache->key_pages = pages->first.view();
+    cache->value_pages = pages->second.view();
+    cache->blocks_per_sequence = blocks;
+    cache->seq_lens.assign(static_cast<std::size_t>(B), S);
+    for (std::int64_t i = 0; i < B * blocks; ++i) cache->block_table.push_back((i * 7919) % (B * blocks));  // shuffled
+    std::function<void()> paged = [contiguous, pages, cache] {
+      forward_paged(contiguous->q.view(), *cache, contiguous->outputs(), contiguous->options);
+    };
+    list.push_back({"paged decode float32 B=8 Hq=32 Hkv=8 S=4096 E=128 page=16", "contiguous", paged,
+                    timed(contiguous)});
+  }
+
+  // What ALiBi and softcapping add to a plain call.
+  auto plain = std::make_shared<Case>(DType::float32, std::vector<std::int64_t>{1, 16, 2048, E},
+                                      std::vector<std::int64_t>{1, 16, 2048, E}, options([](Options&) {}), rng);
+  auto slopes = std::make_shared<Tensor>(DType::float32, std::vector<std::int64_t>{16});
+  for (std::int64_t h = 0; h < 16; ++h) slopes->set(h, std::exp2(-0.5 * static_cast<double>(h + 1)));  // ALiBi's
+  auto alibi = std::make_shared<Case>(*plain);
+  alibi->options.alibi_slopes = slopes->view();
+  auto softcap = std::make_shared<Case>(*plain);
+  softcap->options.softcap = 30.0;
+  std::function<void()> alibi_call = [alibi, slopes, t = timed(alibi)] { t(); };
+  list.push_back({"ALiBi float32 H=16 L=S=2048 E=64", "plain", alibi_call, timed(plain)});
+  list.push_back({"softcap 30 float32 H=16 L=S=2048 E=64", "plain", timed(softcap), timed(plain)});
+  return list;
+}
+
+int features_command(const BenchArgs& args, int threads, nlohmann::json& report) {
+  std::vector<Comparison> list = feature_comparisons(args.backward, threads);
+  for (std::size_t n = 0; n < list.size(); ++n) {
+    progress(n, list.size(), list[n].name);
+    // Alternate the two so that drift in the machine's speed hits both alike.
+    std::vector<double> a, b;
+    for (int round = 0; round < 2; ++round) {
+      a.push_back(median_seconds(args.repeats, list[n].call));
+      b.push_back(median_seconds(args.repeats, list[n].baseline_call));
+    }
+    list[n].seconds = std::min(a[0], a[1]);
+    list[n].baseline_seconds = std::min(b[0], b[1]);
+  }
+  progress(list.size(), list.size(), "done");
+  for (const Comparison& c : list)
+    report["features"].push_back({{"name", c.name}, {"baseline", c.baseline}, {"seconds", c.seconds},
+                                  {"baseline_seconds", c.baseline_seconds},
+                                  {"speedup", c.baseline_seconds / c.seconds}});
+  if (args.json) {
+    std::cout << report.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::printf("%s; best of 2 alternating medians of %d runs; same results as the baseline, less work\n",
+              args.backward ? "forward + backward" : "forward", args.repeats);
+  for (const Comparison& c : list)
+    std::printf("%-58s %9.3f ms  vs %-20s %9.3f ms  %6.2fx\n", c.name.c_str(), c.seconds * 1e3, c.baseline.c_str(),
+                c.baseline_seconds * 1e3, c.baseline_seconds / c.seconds);
+  return kExitOk;
+}
+
 }  // namespace
 
 int bench_command(const BenchArgs& args) {
@@ -134,6 +318,7 @@ int bench_command(const BenchArgs& args) {
   report["machine"] = {{"cpu_features", info.cpu_features}, {"kernel", info.cpu_kernel}, {"threads", threads},
                        {"fma_peak_gflops", fma.rate},        {"bf16_dot_peak_gflops", bf16.rate},
                        {"stream_read_gbs", stream.rate}};
+  if (args.features) return features_command(args, threads, report);
   std::vector<Point> points = grid(args.quick);
   if (!args.filter.empty())
     std::erase_if(points, [&](const Point& p) { return p.name().find(args.filter) == std::string::npos; });

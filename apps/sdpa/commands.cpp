@@ -1,13 +1,17 @@
 // `sdpa run` and `sdpa info`. `sdpa check` lives in check.cpp.
 #include "commands.h"
 
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <new>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
+#include "io/file.h"
 #include "io/npy.h"
 #include "sdpa/sdpa.h"
 
@@ -40,10 +44,21 @@ Tensor to_attend_mask(const Tensor& ignore_mask) {
   return attend;
 }
 
-Options make_options(const RunArgs& args, const Tensor* mask) {
+Alignment parse_alignment(const std::string& name) {
+  if (name == "top-left") return Alignment::top_left;
+  if (name == "bottom-right") return Alignment::bottom_right;
+  throw Error(ErrorKind::value, "--alignment", "expected top-left or bottom-right, got " + name);
+}
+
+Options make_options(const RunArgs& args, const Tensor* mask, const Tensor* alibi_slopes) {
   Options options;
   if (mask != nullptr) options.mask = mask->view();
+  if (alibi_slopes != nullptr) options.alibi_slopes = alibi_slopes->view();
   options.causal = parse_causal(args.causal);
+  options.window_left = args.window_left;
+  options.window_right = args.window_right;
+  if (args.alignment) options.alignment = parse_alignment(*args.alignment);
+  options.softcap = args.softcap;
   options.scale = args.scale;
   options.dropout_p = args.dropout;
   options.seed = args.seed;
@@ -51,6 +66,47 @@ Options make_options(const RunArgs& args, const Tensor* mask) {
   options.num_threads = args.threads;
   options.backend = parse_backend(args.backend);
   return options;
+}
+
+std::string_view trim(std::string_view text) {
+  const auto space = [](char c) { return c == ' ' || c == '\t'; };
+  while (!text.empty() && space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && space(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+// A command-line value, quoted for an error message as file text is (short, escaped).
+std::string quote_arg(std::string_view text) { return io::quote_untrusted(text, 40); }
+
+// The two ways of laying out K and V (packed varlen, paged) exclude each other and
+// the per-position outputs and inputs they have no form for; checked before any file
+// is read so that the message is about the flags.
+void check_layout_flags(const RunArgs& args) {
+  const bool varlen = args.cu_seqlens_q || args.cu_seqlens_k;
+  const bool paged = args.block_table || args.seq_lens;
+  if (varlen && paged) {
+    const char* varlen_flag = args.cu_seqlens_q ? "--cu-seqlens-q" : "--cu-seqlens-k";
+    const char* paged_flag = args.block_table ? "--block-table" : "--seq-lens";
+    throw Error(ErrorKind::value, paged_flag,
+                std::string("cannot be combined with ") + varlen_flag +
+                    " (a run is either packed variable-length or paged, not both)");
+  }
+  if (varlen && !(args.cu_seqlens_q && args.cu_seqlens_k)) {
+    throw Error(ErrorKind::value, args.cu_seqlens_q ? "--cu-seqlens-k" : "--cu-seqlens-q",
+                std::string("required together with ") + (args.cu_seqlens_q ? "--cu-seqlens-q" : "--cu-seqlens-k") +
+                    " (packed variable-length batches need both)");
+  }
+  if (paged && !(args.block_table && args.seq_lens)) {
+    throw Error(ErrorKind::value, args.block_table ? "--seq-lens" : "--block-table",
+                std::string("required together with ") + (args.block_table ? "--block-table" : "--seq-lens") +
+                    " (a paged KV cache needs both)");
+  }
+  if (!varlen && !paged) return;
+  const std::string mode = varlen ? "--cu-seqlens-q/--cu-seqlens-k" : "--block-table/--seq-lens";
+  if (args.mask) throw Error(ErrorKind::value, "--mask", "not accepted with " + mode + " (no per-sequence mask form)");
+  if (args.weights) {
+    throw Error(ErrorKind::value, "--weights", "not available with " + mode + " (only the output and --lse are)");
+  }
 }
 
 // Two outputs naming the same file would silently keep only the last one written.
@@ -100,14 +156,105 @@ std::string cli_message(const Error& error, const RunArgs& args) {
   if (argument == "options.dropout_p") label = "--dropout";
   if (argument == "options.scale") label = "--scale";
   if (argument == "options.num_threads") label = "--threads";
+  if (label.empty()) {
+    // The issue #7 arguments, under whatever struct prefix ("options.", "sequences.",
+    // "cache.") and index suffix ("[2]") the library gives them.
+    std::string field = argument.substr(argument.rfind('.') == std::string::npos ? 0 : argument.rfind('.') + 1);
+    field = field.substr(0, field.find('['));
+    if (field == "window_left") label = "--window-left";
+    if (field == "window_right") label = "--window-right";
+    if (field == "alignment") label = "--alignment";
+    if (field == "softcap") label = "--softcap";
+    if (field == "causal") label = "--causal";
+    if (field == "alibi_slopes" && args.alibi_slopes) label = file("--alibi-slopes", *args.alibi_slopes);
+    if (field == "cu_seqlens_q") label = "--cu-seqlens-q";
+    if (field == "cu_seqlens_k") label = "--cu-seqlens-k";
+    if (field == "block_table" || field == "blocks_per_sequence") label = "--block-table";
+    if (field == "seq_lens") label = "--seq-lens";
+    if (field == "key_pages") label = file("--key", args.key);
+    if (field == "value_pages") label = file("--value", args.value);
+  }
   return label.empty() ? what : label + ": " + detail;
 }
 
 }  // namespace
 
+std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag) {
+  if (trim(text).empty()) {
+    throw Error(ErrorKind::value, flag, "expected a comma-separated list of integers, got an empty list");
+  }
+  std::vector<std::int64_t> values;
+  std::string_view rest = text;
+  for (std::size_t index = 0;; ++index) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    const std::string where = " at entry " + std::to_string(index) + " of " + quote_arg(text);
+    if (entry.empty()) throw Error(ErrorKind::value, flag, "expected an integer" + where + ", got an empty entry");
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(entry.data(), entry.data() + entry.size(), value);
+    if (error == std::errc::result_out_of_range) {
+      throw Error(ErrorKind::value, flag,
+                  "expected a 64-bit integer" + where + ", got " + quote_arg(entry) + " (out of range)");
+    }
+    if (error != std::errc() || end != entry.data() + entry.size()) {
+      throw Error(ErrorKind::value, flag, "expected an integer" + where + ", got " + quote_arg(entry));
+    }
+    values.push_back(value);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return values;
+}
+
+std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::string& text, const std::string& flag) {
+  if (trim(text).empty()) {
+    throw Error(ErrorKind::value, flag,
+                "expected rows of comma-separated integers separated by ';' (e.g. \"0,3;1,2\"), got an empty table");
+  }
+  std::vector<std::int64_t> entries;
+  std::int64_t row_length = -1;
+  std::string_view rest = text;
+  for (std::size_t row = 0;; ++row) {
+    const std::size_t semicolon = rest.find(';');
+    const std::string row_text(rest.substr(0, semicolon));
+    std::vector<std::int64_t> values;
+    try {
+      values = parse_int_list(row_text, flag);
+    } catch (const Error& e) {
+      // Say which row: "--block-table: row 1: expected an integer, ..."
+      const std::string what = e.what();
+      throw Error(ErrorKind::value, flag, "row " + std::to_string(row) + ": " + what.substr(flag.size() + 2));
+    }
+    if (row_length >= 0 && static_cast<std::int64_t>(values.size()) != row_length) {
+      throw Error(ErrorKind::value, flag,
+                  "expected every row to have " + std::to_string(row_length) + " entries (as row 0), got " +
+                      std::to_string(values.size()) + " in row " + std::to_string(row));
+    }
+    row_length = static_cast<std::int64_t>(values.size());
+    entries.insert(entries.end(), values.begin(), values.end());
+    if (semicolon == std::string_view::npos) break;
+    rest.remove_prefix(semicolon + 1);
+  }
+  return {std::move(entries), row_length};
+}
+
 int run_command(const RunArgs& args) {
   try {
     check_distinct_outputs(args);
+    check_layout_flags(args);
+    // The integer lists are parsed before any file is read: a typo costs nothing.
+    std::optional<VarlenSequences> sequences;
+    if (args.cu_seqlens_q) {
+      sequences = VarlenSequences{parse_int_list(*args.cu_seqlens_q, "--cu-seqlens-q"),
+                                  parse_int_list(*args.cu_seqlens_k, "--cu-seqlens-k")};
+    }
+    std::optional<PagedKV> cache;
+    if (args.block_table) {
+      cache.emplace();
+      std::tie(cache->block_table, cache->blocks_per_sequence) = parse_int_table(*args.block_table, "--block-table");
+      cache->seq_lens = parse_int_list(*args.seq_lens, "--seq-lens");
+    }
+
     const Tensor query = io::read_npy(args.query);
     const Tensor key = io::read_npy(args.key);
     const Tensor value = io::read_npy(args.value);
@@ -116,10 +263,21 @@ int run_command(const RunArgs& args) {
       mask = io::read_npy(*args.mask);
       if (args.mask_polarity == "ignore") mask = to_attend_mask(*mask);
     }
-    const Options options = make_options(args, mask ? &*mask : nullptr);
+    std::optional<Tensor> alibi_slopes;
+    if (args.alibi_slopes) alibi_slopes = io::read_npy(*args.alibi_slopes);
+    const Options options = make_options(args, mask ? &*mask : nullptr, alibi_slopes ? &*alibi_slopes : nullptr);
     // Everything is computed before the first file is written: an error leaves nothing.
-    const ForwardResult result = forward(query.view(), key.view(), value.view(), options,
-                                         Returns{args.weights.has_value(), args.lse.has_value()});
+    const Returns returns{args.weights.has_value(), args.lse.has_value()};
+    ForwardResult result;
+    if (sequences) {
+      result = forward_varlen(query.view(), key.view(), value.view(), *sequences, options, returns);
+    } else if (cache) {
+      cache->key_pages = key.view();
+      cache->value_pages = value.view();
+      result = forward_paged(query.view(), *cache, options, returns);
+    } else {
+      result = forward(query.view(), key.view(), value.view(), options, returns);
+    }
 
     std::vector<std::pair<std::string, const Tensor*>> files{{args.out, &result.output}};
     if (args.weights) files.emplace_back(*args.weights, &result.weights);

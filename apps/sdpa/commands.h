@@ -7,6 +7,7 @@
 #include <vector>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace sdpa::cli {
 
@@ -31,8 +32,30 @@ struct RunArgs {
   std::string out;
   std::optional<std::string> weights;
   std::optional<std::string> lse;
+  // Issue #7: FlashAttention's sliding window, ALiBi and softcap (Options' fields).
+  std::int64_t window_left = -1;  // -1 = unbounded
+  std::int64_t window_right = -1;
+  std::optional<std::string> alignment;     // top-left | bottom-right; unset: the library's default
+  double softcap = 0.0;                     // 0 = off
+  std::optional<std::string> alibi_slopes;  // .npy, (Hq,) or (batch..., Hq)
+  // Packed variable-length batches (forward_varlen): the integer lists as typed,
+  // "0,3,10"; parsed by run_command so that a malformed list is reported like any
+  // other bad input (exit 2, the flag named, nothing written).
+  std::optional<std::string> cu_seqlens_q, cu_seqlens_k;
+  // Paged KV cache (forward_paged): "0,3;1,2" (rows ';', entries ',') and "5,7".
+  std::optional<std::string> block_table, seq_lens;
 };
 int run_command(const RunArgs& args);
+
+// Parses a comma-separated list of 64-bit integers ("0,3,10"; spaces around entries are
+// allowed). Throws sdpa::Error naming `flag` on an empty list or entry, a non-number or
+// a value outside int64.
+std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag);
+
+// Parses a block table "0,3;1,2": rows separated by ';', entries by ','. Every row must
+// have the same length (blocks per sequence). Returns the row-major entries and the row
+// length. Throws sdpa::Error naming `flag` otherwise.
+std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::string& text, const std::string& flag);
 
 // `sdpa check`: random configurations, CPU backend against the float64 oracle.
 struct CheckArgs {
@@ -53,6 +76,10 @@ struct BenchArgs {
   int threads = 0;
   std::string filter;  // run only the points whose name contains it
   bool backward = false;  // time forward + backward (training) instead of the forward
+  // The work the issue #7 features skip, against the call they replace: sliding window
+  // vs full attention, varlen vs the padded batch, paged vs contiguous decoding, and
+  // what ALiBi and softcapping cost.
+  bool features = false;
 };
 int bench_command(const BenchArgs& args);
 

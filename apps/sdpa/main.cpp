@@ -25,12 +25,18 @@ using sdpa::cli::RunArgs;
 // because CLI11 2.1 (Debian 12) has no std::optional support.
 struct RunFlags {
   RunArgs args;
-  std::string mask, weights, lse;
+  std::string mask, weights, lse, alignment, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens;
   double scale = 0.0;
   CLI::Option* mask_option = nullptr;
   CLI::Option* scale_option = nullptr;
   CLI::Option* weights_option = nullptr;
   CLI::Option* lse_option = nullptr;
+  CLI::Option* alignment_option = nullptr;
+  CLI::Option* alibi_slopes_option = nullptr;
+  CLI::Option* cu_seqlens_q_option = nullptr;
+  CLI::Option* cu_seqlens_k_option = nullptr;
+  CLI::Option* block_table_option = nullptr;
+  CLI::Option* seq_lens_option = nullptr;
 
   RunArgs resolve() const {
     RunArgs resolved = args;
@@ -38,6 +44,14 @@ struct RunFlags {
     if (*scale_option) resolved.scale = scale;
     if (*weights_option) resolved.weights = weights;
     if (*lse_option) resolved.lse = lse;
+    if (*alignment_option) resolved.alignment = alignment;
+    if (*alibi_slopes_option) resolved.alibi_slopes = alibi_slopes;
+    // The integer lists stay text here: run_command parses them, so a malformed one is
+    // reported like any other bad input.
+    if (*cu_seqlens_q_option) resolved.cu_seqlens_q = cu_seqlens_q;
+    if (*cu_seqlens_k_option) resolved.cu_seqlens_k = cu_seqlens_k;
+    if (*block_table_option) resolved.block_table = block_table;
+    if (*seq_lens_option) resolved.seq_lens = seq_lens;
     return resolved;
   }
 };
@@ -45,9 +59,16 @@ struct RunFlags {
 void add_run_command(CLI::App& app, RunFlags& flags) {
   CLI::App* run = app.add_subcommand("run", "Compute attention on .npy files: softmax(Q K^T * scale + mask) V");
   RunArgs& a = flags.args;
-  run->add_option("--query,-q", a.query, "Query (..., Hq, L, E), float16/32/64 .npy")->required();
-  run->add_option("--key,-k", a.key, "Key (..., Hkv, S, E); Hq must be a multiple of Hkv (GQA)")->required();
-  run->add_option("--value,-v", a.value, "Value (..., Hkv, S, Ev)")->required();
+  run->add_option("--query,-q", a.query,
+                  "Query (..., Hq, L, E), float16/32/64 .npy; packed (Hq, total_q, E) with --cu-seqlens-q")
+      ->required();
+  run->add_option("--key,-k", a.key,
+                  "Key (..., Hkv, S, E); Hq must be a multiple of Hkv (GQA). Packed (Hkv, total_k, E) with "
+                  "--cu-seqlens-k; pages (pages, Hkv, page_size, E) with --block-table")
+      ->required();
+  run->add_option("--value,-v", a.value,
+                  "Value (..., Hkv, S, Ev); packed (Hkv, total_k, Ev) or pages (pages, Hkv, page_size, Ev) as --key")
+      ->required();
   flags.mask_option =
       run->add_option("--mask,-m", flags.mask, "Mask .npy broadcastable to (..., Hq, L, S), bool or float");
   run->add_option("--mask-polarity", a.mask_polarity,
@@ -58,6 +79,22 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
       ->capture_default_str();
   flags.scale_option = run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))");
+  run->add_option("--window-left", a.window_left,
+                  "Sliding window: query i sees keys j >= d(i) - N, d(i) its diagonal key (-1 = unbounded)")
+      ->capture_default_str();
+  run->add_option("--window-right", a.window_right,
+                  "Sliding window: query i sees keys j <= d(i) + N (-1 = unbounded; causal caps it at 0)")
+      ->capture_default_str();
+  flags.alignment_option =
+      run->add_option("--alignment", flags.alignment,
+                      "Diagonal for the window and ALiBi: top-left d(i) = i, bottom-right d(i) = i + S - L "
+                      "(default: the --causal alignment, else bottom-right)")
+          ->check(CLI::IsMember({"top-left", "bottom-right"}));
+  run->add_option("--softcap", a.softcap, "Logit softcapping: scores become X * tanh(scores / X) (0 = off)")
+      ->capture_default_str();
+  flags.alibi_slopes_option =
+      run->add_option("--alibi-slopes", flags.alibi_slopes,
+                      "ALiBi slopes .npy, float32/64, (Hq,) or (batch..., Hq): adds -slope[h] * |d(i) - j|");
   run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")->capture_default_str();
   run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")
       ->check(kNonNegative)
@@ -73,6 +110,18 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   flags.weights_option =
       run->add_option("--weights", flags.weights, "Also write the attention weights (..., Hq, L, S)");
   flags.lse_option = run->add_option("--lse", flags.lse, "Also write the row log-sum-exp (..., Hq, L)");
+  flags.cu_seqlens_q_option =
+      run->add_option("--cu-seqlens-q", flags.cu_seqlens_q,
+                      "Packed variable-length batch: query offsets, e.g. 0,3,10 (with --cu-seqlens-k; no --mask "
+                      "or --weights); output (Hq, total_q, Ev)");
+  flags.cu_seqlens_k_option =
+      run->add_option("--cu-seqlens-k", flags.cu_seqlens_k, "Packed variable-length batch: key offsets, e.g. 0,5,12");
+  flags.block_table_option =
+      run->add_option("--block-table", flags.block_table,
+                      "Paged KV cache: pages of each sequence, rows ';' entries ',', e.g. \"0,3;1,2\" (with "
+                      "--seq-lens; no --mask or --weights)");
+  flags.seq_lens_option =
+      run->add_option("--seq-lens", flags.seq_lens, "Paged KV cache: keys in each sequence, e.g. 5,7");
 }
 
 void add_check_command(CLI::App& app, CheckArgs& args) {
@@ -104,6 +153,9 @@ int main(int argc, char** argv) {
   bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
   bench->add_flag("--backward", bench_args.backward,
                   "Time forward + backward (training; backward counted as 2.5x the forward's FLOPs)");
+  bench->add_flag("--features", bench_args.features,
+                  "Time the skipped work instead: window vs full, varlen vs padded, paged vs contiguous, "
+                  "ALiBi and softcap (--backward adds their training times)");
 
   RunFlags run_flags;
   CheckArgs check_args;

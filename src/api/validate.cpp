@@ -332,8 +332,9 @@ Problem resolve_inputs(const CheckedInputs& in) {
                                 ? options.causal == Causal::bottom_right
                                 : options.alignment.value_or(Alignment::bottom_right) == Alignment::bottom_right;
   p.diagonal_shift = bottom_right ? in.S - in.L : 0;
-  p.window_left = options.window_left;
-  p.window_right = options.window_right;
+  // A side wider than L + S reaches every key: clamped so that i + shift ± side cannot overflow.
+  p.window_left = std::min(options.window_left, in.L + in.S);
+  p.window_right = std::min(options.window_right, in.L + in.S);
   if (options.causal != Causal::none) p.window_right = p.window_right < 0 ? 0 : std::min<std::int64_t>(p.window_right, 0);
   p.softcap = options.softcap;
   if (options.alibi_slopes) {

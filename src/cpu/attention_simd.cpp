@@ -63,7 +63,7 @@ struct Subtile : RowSet {
 struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
-  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile, row_buffer;
+  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile, row_buffer, alibi_lanes;
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -81,6 +81,7 @@ struct Scratch {
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
+    alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
     if (bf16_path) {
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
@@ -274,7 +275,7 @@ class Task {
 
     bool any_visible = true;
     if (p_.mask.present()) any_visible = ApplyMask(t, j0, cols);
-    if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols);
+    if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols, 2, s_.alibi_lanes.get());
     ApplyBand(t, st, s_.rows, j0, cols);
     return any_visible;
   }

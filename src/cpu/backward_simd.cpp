@@ -98,7 +98,7 @@ struct Scratch {
   // (kKeyTile × block_rows); the dropout factors and the softcap's tanh of one subtile
   // (kKeyTile × rows).
   hwy::AlignedFreeUniquePtr<float[]> st, dpt, zt, tanh_t;
-  hwy::AlignedFreeUniquePtr<float[]> k_tile, v_tile, row_buffer;
+  hwy::AlignedFreeUniquePtr<float[]> k_tile, v_tile, row_buffer, alibi_lanes;
   // dK and dV of the task's key chunk (chunk_keys × E_pad / Ev_pad).
   hwy::AlignedFreeUniquePtr<float[]> dk, dv;
 
@@ -124,6 +124,7 @@ struct Scratch {
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));
+    alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
     dk = hwy::AllocateAligned<float>(chunk_keys * E_pad);
     dv = hwy::AllocateAligned<float>(chunk_keys * Ev_pad);
   }
@@ -278,7 +279,7 @@ class Task {
     if (softcap) Softcap(p_, st, BR, padded, 2, s_.tanh_t.get(), R);
     for (std::int64_t c = visible; c < padded; ++c) std::fill(st + c * BR, st + c * BR + R, kMinusInf);
     if (p_.mask.present() && !ApplyMask(t, st, j0, visible)) return false;
-    if (p_.has_alibi()) AddAlibi(p_, t, st, BR, j0, visible);
+    if (p_.has_alibi()) AddAlibi(p_, t, st, BR, j0, visible, 2, s_.alibi_lanes.get());
     ApplyBand(t, st, BR, j0, visible);
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
       ScoreBlock(t.dot.get(), R, p_.Ev, v + c * v_stride, v_stride, dpt + c * BR, BR);

@@ -116,6 +116,10 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
   };
   switch (op.dtype) {
     case DType::float32:
+      if (step == 1) {  // a contiguous row (paged K/V rows are copied this way)
+        std::memcpy(out, base, static_cast<std::size_t>(count) * 4);
+        return;
+      }
       each([](const std::byte* p) { float v; std::memcpy(&v, p, 4); return v; }, 4);
       return;
     case DType::float64:
@@ -246,16 +250,26 @@ inline void Softcap(const Problem& p, float* st, std::size_t stride, std::int64_
     }
 }
 
-// ALiBi: t += −slope · |d(i) − j| · log2 e for keys [j0, j0+cols).
+// ALiBi: t −= slope · log2 e · |d(i) − j| for keys [j0, j0+cols), lane-wise over
+// `vectors` row vectors. `lanes` holds, per row, slope · log2 e and then d(i) − j0
+// (relative to the tile, so that float holds the distance exactly for any S).
 inline void AddAlibi(const Problem& p, const RowSet& set, float* st, std::size_t stride, std::int64_t j0,
-                     std::int64_t cols) {
+                     std::int64_t cols, std::size_t vectors, float* lanes) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df), rows = vectors * N;
+  float* slope = lanes;
+  float* diagonal = lanes + rows;
+  std::fill(lanes, lanes + 2 * rows, 0.0f);  // padding rows: no bias
   for (std::size_t r = 0; r < set.rows.size(); ++r) {
-    const Row& row = set.rows[r];
-    const float slope = static_cast<float>(p.alibi_slopes[static_cast<std::size_t>(row.matrix)] * kLog2e);
-    const std::int64_t diagonal = row.i + p.diagonal_shift;
+    slope[r] = static_cast<float>(p.alibi_slopes[static_cast<std::size_t>(set.rows[r].matrix)] * kLog2e);
+    diagonal[r] = static_cast<float>(set.rows[r].i + p.diagonal_shift - j0);
+  }
+  for (std::size_t v = 0; v < vectors; ++v) {
+    const VF s = hn::Load(df, slope + v * N), d = hn::Load(df, diagonal + v * N);
     for (std::int64_t c = 0; c < cols; ++c) {
-      const std::int64_t distance = diagonal - (j0 + c);
-      st[static_cast<std::size_t>(c) * stride + r] -= slope * static_cast<float>(distance < 0 ? -distance : distance);
+      float* at = st + static_cast<std::size_t>(c) * stride + v * N;
+      const VF distance = hn::Abs(hn::Sub(d, hn::Set(df, static_cast<float>(c))));
+      hn::Store(hn::NegMulAdd(s, distance, hn::Load(df, at)), df, at);
     }
   }
 }

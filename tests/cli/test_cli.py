@@ -2,12 +2,14 @@
 """End-to-end tests of the `sdpa` command-line tool against a NumPy float64 attention.
 
 Usage: test_cli.py PATH/TO/sdpa
+   or: SDPA_CLI=PATH/TO/sdpa python -m pytest tests/cli/test_cli.py
 
 Writes .npy inputs into a temporary directory, runs `sdpa run` / `check` / `info`, and
 compares with `attention()` below, the literal formula in float64. Prints one line per
 check and exits non-zero if any fails. Needs only the standard library and NumPy.
 """
 
+import inspect
 import os
 import struct
 import subprocess
@@ -24,10 +26,16 @@ FAILURES = []
 # --- the oracle -------------------------------------------------------------------------
 
 
-def attention(q, k, v, mask=None, causal="none", scale=None):
+def attention(q, k, v, mask=None, causal="none", scale=None, window=(-1, -1), alignment=None, alibi=None,
+              softcap=0.0):
     """softmax(q kᵀ·scale + mask) v in float64 with PyTorch semantics (bool mask: True =
     takes part; float mask: added). Fully masked rows give output 0, weights 0, lse -inf.
-    Returns (output, weights, lse)."""
+    Issue #7, as include/sdpa/options.h defines them: the score is
+    softcap·tanh(scale·q·k / softcap) (softcap > 0) − slope[h]·|d(i) − j| (ALiBi slopes
+    (Hq,) or (batch..., Hq)); query i sees key j only when d(i) − window[0] <= j <=
+    d(i) + window[1] (−1 = unbounded; causal caps window[1] at 0), where d(i) = i
+    (top-left) or i + S − L (bottom-right); the alignment defaults to the causal one, else
+    bottom-right. Returns (output, weights, lse)."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     group = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
     if group > 1:  # GQA: query head h reads KV head h // group
@@ -36,6 +44,24 @@ def attention(q, k, v, mask=None, causal="none", scale=None):
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / np.sqrt(E) if scale is None else scale
     scores = (q @ np.swapaxes(k, -1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * np.tanh(scores / softcap)
+    if alignment is None:
+        alignment = causal if causal != "none" else "bottom-right"
+    diagonal = np.arange(L)[:, None] + (S - L if alignment == "bottom-right" else 0)  # d(i)
+    j = np.arange(S)[None, :]
+    if alibi is not None:
+        slopes = np.asarray(alibi, dtype=np.float64)[..., None, None]  # (..., Hq, 1, 1)
+        scores = scores - slopes * np.abs(diagonal - j)
+    left, right = window
+    if causal != "none":
+        right = 0 if right < 0 else min(right, 0)
+    visible = np.ones((L, S), dtype=bool)
+    if left >= 0:
+        visible &= j >= diagonal - left
+    if right >= 0:
+        visible &= j <= diagonal + right
+    scores = np.where(visible, scores, -np.inf)
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype == np.bool_:
@@ -46,7 +72,7 @@ def attention(q, k, v, mask=None, causal="none", scale=None):
         shift = S - L if causal == "bottom-right" else 0
         visible = np.arange(S)[None, :] <= np.arange(L)[:, None] + shift
         scores = np.where(visible, scores, -np.inf)
-    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)  # S = 0: a row that sees nothing
     fully_masked = row_max == -np.inf
     safe_max = np.where(fully_masked, 0.0, row_max)
     e = np.where(fully_masked, 0.0, np.exp(scores - safe_max))
@@ -249,6 +275,328 @@ def check_bad_arguments(rng):
                f"exit {proc.returncode}, stderr {proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else ''!r}")
 
 
+# --- issue #7: window, ALiBi, softcap, varlen, paged ----------------------------------------
+
+
+def check_sliding_window(rng):
+    # Both alignments, with and without causal, L < S and L > S (bottom-right then has
+    # rows that see nothing: output 0, lse -inf).
+    B, Hq, Hkv, E = 2, 4, 2, 8
+    for L, S in ((5, 9), (7, 4)):
+        q, k, v = randn(rng, B, Hq, L, E), randn(rng, B, Hkv, S, E), randn(rng, B, Hkv, S, E)
+        for alignment in ("top-left", "bottom-right"):
+            for causal in ("none", alignment):
+                for window in ((2, 1), (0, -1), (-1, 3)):
+                    name = f"f_window_{L}x{S}_{alignment}_causal_{causal}_{window[0]}_{window[1]}"
+                    flags = ["--window-left", window[0], "--window-right", window[1], "--alignment", alignment]
+                    if causal != "none":
+                        flags += ["--causal", causal]
+                    run_and_compare(name, q, k, v, attention(q, k, v, causal=causal, window=window, alignment=alignment),
+                                    1e-5, flags, weights=True, lse=True)
+    # No --alignment: the causal one, else bottom-right.
+    q, k, v = randn(rng, 1, 2, 4, 8), randn(rng, 1, 2, 6, 8), randn(rng, 1, 2, 6, 8)
+    run_and_compare("f_window_default_alignment", q, k, v, attention(q, k, v, window=(1, 1)), 1e-5,
+                    ["--window-left", 1, "--window-right", 1], lse=True)
+    run_and_compare("f_window_default_alignment_causal_top_left", q, k, v,
+                    attention(q, k, v, causal="top-left", window=(2, -1)), 1e-5,
+                    ["--window-left", 2, "--causal", "top-left"], lse=True)
+
+
+def check_huge_window_is_unbounded(rng):
+    # A window side of 2^63 - 1 is valid (>= 0) and reaches every key: it must equal -1.
+    # d(i) + window_right (and d(i) - window_left, d(i) < 0 under bottom-right with
+    # L > S) overflow int64 if computed as written.
+    big = 2**63 - 1
+    q, k, v = randn(rng, 1, 2, 7, 8), randn(rng, 1, 2, 4, 8), randn(rng, 1, 2, 4, 8)
+    for alignment in ("top-left", "bottom-right"):
+        for window in ((big, big), (big, -1), (-1, big), (big, 0), (0, big)):
+            want = attention(q, k, v, window=tuple(-1 if w == big else w for w in window), alignment=alignment)
+            run_and_compare(f"f_window_huge_{alignment}_{window[0]}_{window[1]}", q, k, v, want, 1e-5,
+                            ["--window-left", window[0], "--window-right", window[1], "--alignment", alignment],
+                            lse=True)
+
+
+def check_alibi(rng):
+    B, Hq, Hkv, L, S, E = 2, 4, 2, 5, 8, 8
+    q, k, v = randn(rng, B, Hq, L, E), randn(rng, B, Hkv, S, E), randn(rng, B, Hkv, S, E)
+    slopes = 2.0 ** -np.arange(1, Hq + 1)  # the ALiBi paper's geometric slopes, float64
+    run_and_compare("g_alibi_heads", q, k, v, attention(q, k, v, alibi=slopes), 1e-5,
+                    ["--alibi-slopes", save("g_slopes.npy", slopes)], weights=True, lse=True)
+    per_batch = rng.random((B, Hq)).astype(np.float32)
+    run_and_compare("g_alibi_per_batch_top_left_causal", q, k, v,
+                    attention(q, k, v, causal="top-left", alibi=per_batch), 1e-5,
+                    ["--alibi-slopes", save("g_slopes_b.npy", per_batch), "--causal", "top-left"], lse=True)
+    run_and_compare("g_alibi_window_top_left", q, k, v,
+                    attention(q, k, v, alibi=slopes, window=(2, 2), alignment="top-left"), 1e-5,
+                    ["--alibi-slopes", save("g_slopes.npy", slopes), "--window-left", 2, "--window-right", 2,
+                     "--alignment", "top-left"], lse=True)
+    q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+    run_and_compare("g_alibi_float64", q64, k64, v64, attention(q64, k64, v64, alibi=slopes, scale=0.7), 1e-10,
+                    ["--alibi-slopes", save("g_slopes.npy", slopes), "--scale", 0.7], lse=True)
+
+
+def check_softcap(rng):
+    # Scores of a few hundred, so that the cap matters.
+    B, H, L, S, E = 1, 3, 6, 10, 16
+    q, k, v = 6 * randn(rng, B, H, L, E), 6 * randn(rng, B, H, S, E), randn(rng, B, H, S, E)
+    for cap in (5.0, 30.0):
+        run_and_compare(f"h_softcap_{cap:g}", q, k, v, attention(q, k, v, softcap=cap), 1e-5,
+                        ["--softcap", cap], weights=True, lse=True)
+    slopes = np.array([0.5, 0.25, 0.125], dtype=np.float32)
+    run_and_compare("h_softcap_alibi_window_causal", q, k, v,
+                    attention(q, k, v, causal="bottom-right", softcap=20.0, alibi=slopes, window=(3, -1)), 1e-5,
+                    ["--softcap", 20, "--alibi-slopes", save("h_slopes.npy", slopes), "--causal", "bottom-right",
+                     "--window-left", 3], lse=True)
+
+
+def varlen_reference(q, k, v, cu_q, cu_k, alibi=None, **options):
+    """Each sequence attended alone with attention() and packed again."""
+    Hq, Ev = q.shape[0], v.shape[-1]
+    out = np.zeros((Hq, q.shape[1], Ev))
+    lse = np.full((Hq, q.shape[1]), -np.inf)
+    for b in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        slopes = None if alibi is None else (alibi if alibi.ndim == 1 else alibi[b])
+        o, _, l = attention(q[:, rows], k[:, keys], v[:, keys], alibi=slopes, **options)
+        out[:, rows], lse[:, rows] = o, l
+    return out, None, lse
+
+
+def check_varlen(rng):
+    # Sequences of query lengths 3, 7, 0, 2 against keys 5, 7, 4, 1 (an empty query
+    # sequence, L > S in the last one), GQA 4:2, Ev != E.
+    cu_q, cu_k = [0, 3, 10, 10, 12], [0, 5, 12, 16, 17]
+    Hq, Hkv, E, Ev = 4, 2, 8, 5
+    q, k, v = randn(rng, Hq, cu_q[-1], E), randn(rng, Hkv, cu_k[-1], E), randn(rng, Hkv, cu_k[-1], Ev)
+    lists = ["--cu-seqlens-q", ",".join(map(str, cu_q)), "--cu-seqlens-k", ",".join(map(str, cu_k))]
+    run_and_compare("i_varlen", q, k, v, varlen_reference(q, k, v, cu_q, cu_k), 1e-5, lists, lse=True)
+    for causal in ("top-left", "bottom-right"):
+        run_and_compare(f"i_varlen_causal_{causal}", q, k, v, varlen_reference(q, k, v, cu_q, cu_k, causal=causal),
+                        1e-5, [*lists, "--causal", causal], lse=True)
+    slopes = rng.random((len(cu_q) - 1, Hq))
+    run_and_compare("i_varlen_window_alibi_softcap", q, k, v,
+                    varlen_reference(q, k, v, cu_q, cu_k, alibi=slopes, window=(2, 1), softcap=3.0), 1e-5,
+                    [*lists, "--alibi-slopes", save("i_slopes.npy", slopes), "--window-left", 2, "--window-right", 1,
+                     "--softcap", 3], lse=True)
+    # An empty key sequence (its queries see nothing: output 0, lse -inf), on the oracle
+    # backend as well as the CPU one.
+    cu_q0, cu_k0 = [0, 4, 4, 9], [0, 0, 3, 11]
+    q0, k0, v0 = randn(rng, Hq, 9, E), randn(rng, Hkv, 11, E), randn(rng, Hkv, 11, Ev)
+    for backend in ("cpu", "reference"):
+        run_and_compare(f"i_varlen_empty_keys_{backend}", q0, k0, v0,
+                        varlen_reference(q0, k0, v0, cu_q0, cu_k0, causal="bottom-right", window=(1, -1)), 1e-5,
+                        ["--cu-seqlens-q", "0,4,4,9", "--cu-seqlens-k", "0,0,3,11", "--causal", "bottom-right",
+                         "--window-left", 1, "--backend", backend], lse=True)
+    # Spaces around entries are accepted; float64 stays float64.
+    q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+    run_and_compare("i_varlen_float64_spaces", q64, k64, v64, varlen_reference(q64, k64, v64, cu_q, cu_k), 1e-10,
+                    ["--cu-seqlens-q", " 0, 3,10 ,10,12", "--cu-seqlens-k", "0,5,12,16,17 "], lse=True)
+
+
+def paged_case(rng, seq_lens, page_size, Hkv, E, Ev):
+    """Contiguous per-sequence K, V and the same keys scattered into shuffled pages.
+    Returns (keys, values, key_pages, value_pages, block_table text). Rows of a page past
+    the end of its sequence, the spare pages and the unused block table entries are
+    filled with NaN / point at a NaN page: reading them would show in the output."""
+    blocks = [-(-n // page_size) for n in seq_lens]
+    per_row = max(blocks) + 1  # one unused entry at least in every row
+    spare = 2
+    pages = sum(blocks) + spare
+    order = rng.permutation(pages)  # page order[n] holds the n-th used block
+    key_pages = np.full((pages, Hkv, page_size, E), np.nan, dtype=np.float32)
+    value_pages = np.full((pages, Hkv, page_size, Ev), np.nan, dtype=np.float32)
+    keys, values, table, used = [], [], [], 0
+    for n in seq_lens:
+        K, V = randn(rng, Hkv, n, E), randn(rng, Hkv, n, Ev)
+        keys.append(K)
+        values.append(V)
+        row = []
+        for block in range(-(-n // page_size)):
+            page = order[used]
+            used += 1
+            rows = slice(block * page_size, min(n, (block + 1) * page_size))
+            count = rows.stop - rows.start
+            key_pages[page, :, :count] = K[:, rows]
+            value_pages[page, :, :count] = V[:, rows]
+            row.append(page)
+        row += [order[-1]] * (per_row - len(row))  # a spare (NaN) page: must not be read
+        table.append(row)
+    text = ";".join(",".join(map(str, row)) for row in table)
+    return keys, values, key_pages, value_pages, text
+
+
+def check_paged(rng):
+    seq_lens, page_size, Hq, Hkv, L, E, Ev = [5, 7, 1], 2, 4, 2, 3, 8, 6
+    keys, values, key_pages, value_pages, table = paged_case(rng, seq_lens, page_size, Hkv, E, Ev)
+    q = randn(rng, len(seq_lens), Hq, L, E)
+    slopes = rng.random((len(seq_lens), Hq)).astype(np.float32)
+    lens = ",".join(map(str, seq_lens))
+    cases = {
+        "plain": ({}, []),
+        "causal_bottom_right": ({"causal": "bottom-right"}, ["--causal", "bottom-right"]),
+        "window_alibi_softcap": ({"window": (2, -1), "alibi": slopes, "softcap": 4.0},
+                                 ["--window-left", 2, "--alibi-slopes", save("j_slopes.npy", slopes), "--softcap", 4]),
+    }
+    for name, (options, flags) in cases.items():
+        outs, lses = [], []
+        for b in range(len(seq_lens)):
+            opts = dict(options)
+            if "alibi" in opts:
+                opts["alibi"] = opts["alibi"][b]
+            o, _, l = attention(q[b], keys[b], values[b], **opts)
+            outs.append(o)
+            lses.append(l)
+        run_and_compare(f"j_paged_{name}", q, key_pages, value_pages, (np.stack(outs), None, np.stack(lses)), 1e-5,
+                        ["--block-table", table, "--seq-lens", lens, *flags], lse=True)
+    # An empty sequence, pages of one row and pages longer than any sequence; GQA 3:1;
+    # top-left causal; the oracle backend too.
+    for page_size in (1, 16):
+        seq_lens = [0, 7, 2, 16]
+        keys, values, key_pages, value_pages, table = paged_case(rng, seq_lens, page_size, 1, E, E)
+        q = randn(rng, len(seq_lens), 3, 5, E)
+        want = [attention(q[b], keys[b], values[b], causal="top-left") for b in range(len(seq_lens))]
+        for backend in ("cpu", "reference"):
+            run_and_compare(f"j_paged_page_size_{page_size}_{backend}", q, key_pages, value_pages,
+                            (np.stack([w[0] for w in want]), None, np.stack([w[2] for w in want])), 1e-5,
+                            ["--block-table", table, "--seq-lens", ",".join(map(str, seq_lens)), "--causal", "top-left",
+                             "--backend", backend], lse=True)
+
+
+def check_varlen_and_paged_dropout(rng):
+    # Dropout in a packed or paged batch draws as batch element b of a padded
+    # (batch, Hq, L, S) call: the same rows as a plain run on zero-padded inputs whose
+    # padded keys a bool mask removes.
+    seq_q, seq_k, Hq, Hkv, E = [3, 5, 2], [4, 6, 6], 4, 2, 8
+    B, Lmax, Smax = len(seq_q), max(seq_q), max(seq_k)
+    q = np.zeros((B, Hq, Lmax, E), np.float32)
+    k = np.zeros((B, Hkv, Smax, E), np.float32)
+    v = np.zeros((B, Hkv, Smax, E), np.float32)
+    mask = np.zeros((B, 1, 1, Smax), dtype=bool)
+    for b in range(B):
+        q[b, :, :seq_q[b]] = randn(rng, Hq, seq_q[b], E)
+        k[b, :, :seq_k[b]] = randn(rng, Hkv, seq_k[b], E)
+        v[b, :, :seq_k[b]] = randn(rng, Hkv, seq_k[b], E)
+        mask[b, ..., :seq_k[b]] = True
+    dropout = ["--dropout", 0.4, "--seed", 11, "--offset", 5]
+    proc = sdpa("run", "--query", save("k_q.npy", q), "--key", save("k_k.npy", k), "--value", save("k_v.npy", v),
+                "--mask", save("k_mask.npy", mask), "--out", path("k_dense.npy"), *dropout)
+    if proc.returncode != 0:
+        report("varlen_dropout_padded_dense", False, proc.stderr.strip())
+        return
+    dense = np.load(path("k_dense.npy")).astype(np.float64)
+    # Packed varlen.
+    cu_q, cu_k = np.concatenate([[0], np.cumsum(seq_q)]), np.concatenate([[0], np.cumsum(seq_k)])
+    packed = lambda t, lens: np.concatenate([t[b, :, :lens[b]] for b in range(B)], axis=1)
+    want = np.concatenate([dense[b, :, :seq_q[b]] for b in range(B)], axis=1)
+    run_and_compare("k_varlen_dropout_padded_dense", packed(q, seq_q), packed(k, seq_k), packed(v, seq_k),
+                    (want, None, None), 1e-5,
+                    ["--cu-seqlens-q", ",".join(map(str, cu_q)), "--cu-seqlens-k", ",".join(map(str, cu_k)), *dropout])
+    # Paged: every sequence has Lmax queries (the padded query rows of the dense run).
+    keys = [k[b, :, :seq_k[b]] for b in range(B)]
+    values = [v[b, :, :seq_k[b]] for b in range(B)]
+    _, _, key_pages, value_pages, table = paged_case(rng, seq_k, 4, Hkv, E, E)
+    rows = [list(map(int, r.split(","))) for r in table.split(";")]
+    for b in range(B):  # paged_case drew its own keys: put these in their place
+        for j in range(seq_k[b]):
+            key_pages[rows[b][j // 4], :, j % 4] = keys[b][:, j]
+            value_pages[rows[b][j // 4], :, j % 4] = values[b][:, j]
+    run_and_compare("k_paged_dropout_padded_dense", q, key_pages, value_pages, (dense, None, None), 1e-5,
+                    ["--block-table", table, "--seq-lens", ",".join(map(str, seq_k)), *dropout])
+
+
+def expect_usage_error(name, args, flag, outputs):
+    """`sdpa run *args` exits 2, says `flag` (or one of a tuple of flags, where more than
+    one names the fault fairly) in stderr, and writes none of `outputs`."""
+    for p in outputs:
+        if os.path.exists(p):
+            os.remove(p)
+    proc = sdpa("run", *args)
+    err = proc.stderr.strip()
+    flags = flag if isinstance(flag, tuple) else (flag,)
+    ok = (proc.returncode == 2 and err.startswith("sdpa: error: ") and any(f in err for f in flags)
+          and not any(os.path.exists(p) for p in outputs))
+    report(name, ok, f"exit {proc.returncode}, stderr {err.splitlines()[0] if err else ''!r}")
+
+
+def check_issue7_errors(rng):
+    Hq, Hkv, E = 2, 1, 4
+    q, k, v = (save(f"y_{n}.npy", randn(rng, h, 6, E)) for n, h in (("q", Hq), ("k", Hkv), ("v", Hkv)))
+    q4 = save("y_q4.npy", randn(rng, 2, Hq, 3, E))
+    kp, vp = save("y_kp.npy", randn(rng, 4, Hkv, 2, E)), save("y_vp.npy", randn(rng, 4, Hkv, 2, E))
+    out, lse = path("y_out.npy"), path("y_lse.npy")
+    files = ["--query", q, "--key", k, "--value", v, "--out", out, "--lse", lse]  # packed (H, total, E)
+    k4, v4 = save("y_k4.npy", randn(rng, 2, Hkv, 5, E)), save("y_v4.npy", randn(rng, 2, Hkv, 5, E))
+    dense = ["--query", q4, "--key", k4, "--value", v4, "--out", out, "--lse", lse]  # valid for a plain run
+    paged_files = ["--query", q4, "--key", kp, "--value", vp, "--out", out, "--lse", lse]
+    varlen = ["--cu-seqlens-q", "0,2,6", "--cu-seqlens-k", "0,3,6"]
+    paged = ["--block-table", "0,1;2,3", "--seq-lens", "3,4"]
+    cases = [
+        # Malformed integer lists.
+        ("cu_seqlens_q_empty_entry", [*files, "--cu-seqlens-q", "0,,6", "--cu-seqlens-k", "0,3,6"], "--cu-seqlens-q"),
+        ("cu_seqlens_q_trailing_comma", [*files, "--cu-seqlens-q", "0,2,6,", "--cu-seqlens-k", "0,3,6"],
+         "--cu-seqlens-q"),
+        ("cu_seqlens_k_not_a_number", [*files, "--cu-seqlens-q", "0,2,6", "--cu-seqlens-k", "0,three,6"],
+         "--cu-seqlens-k"),
+        ("cu_seqlens_k_float", [*files, "--cu-seqlens-q", "0,2,6", "--cu-seqlens-k", "0,3.0,6"], "--cu-seqlens-k"),
+        ("cu_seqlens_k_overflow", [*files, "--cu-seqlens-q", "0,2,6", "--cu-seqlens-k", "0,99999999999999999999,6"],
+         "--cu-seqlens-k"),
+        ("cu_seqlens_q_empty_list", [*files, "--cu-seqlens-q", "", "--cu-seqlens-k", "0,3,6"], "--cu-seqlens-q"),
+        ("block_table_ragged", [*paged_files, "--block-table", "0,1;2", "--seq-lens", "3,4"], "--block-table"),
+        ("block_table_empty_row", [*paged_files, "--block-table", "0,1;;2,3", "--seq-lens", "3,4"], "--block-table"),
+        ("block_table_not_a_number", [*paged_files, "--block-table", "0,1;2,x", "--seq-lens", "3,4"],
+         "--block-table"),
+        ("seq_lens_empty_entry", [*paged_files, "--block-table", "0,1;2,3", "--seq-lens", "3,,4"], "--seq-lens"),
+        ("seq_lens_overflow", [*paged_files, "--block-table", "0,1;2,3", "--seq-lens", "3,18446744073709551616"],
+         "--seq-lens"),
+        # Flags that do not go together.
+        ("varlen_and_paged", [*files, *varlen, *paged], "--block-table"),
+        ("only_cu_seqlens_q", [*files, "--cu-seqlens-q", "0,2,6"], "--cu-seqlens-k"),
+        ("only_cu_seqlens_k", [*files, "--cu-seqlens-k", "0,3,6"], "--cu-seqlens-q"),
+        ("only_block_table", [*paged_files, "--block-table", "0,1;2,3"], "--seq-lens"),
+        ("only_seq_lens", [*paged_files, "--seq-lens", "3,4"], "--block-table"),
+        ("varlen_weights", [*files, *varlen, "--weights", path("y_w.npy")], "--weights"),
+        ("varlen_mask", [*files, *varlen, "--mask", save("y_mask.npy", np.ones((6, 6), dtype=bool))], "--mask"),
+        ("paged_weights", [*paged_files, *paged, "--weights", path("y_w.npy")], "--weights"),
+        ("paged_mask", [*paged_files, *paged, "--mask", save("y_mask.npy", np.ones((6, 6), dtype=bool))], "--mask"),
+        ("bad_alignment_value", [*dense, "--alignment", "middle"], "--alignment"),
+        ("window_left_not_a_number", [*dense, "--window-left", "two"], "--window-left"),
+        # The library's checks, named as flags (sdpa::Error -> exit 2).
+        ("alignment_contradicts_causal", [*dense, "--causal", "top-left", "--alignment", "bottom-right"],
+         ("--alignment", "--causal")),
+        ("window_left_below_minus_one", [*dense, "--window-left", "-2"], "--window-left"),
+        ("window_right_below_minus_one", [*dense, "--window-right", "-5"], "--window-right"),
+        ("softcap_negative", [*dense, "--softcap", "-1"], "--softcap"),
+        ("softcap_infinite", [*dense, "--softcap", "inf"], "--softcap"),
+        ("alibi_slopes_wrong_heads", [*dense, "--alibi-slopes", save("y_slopes3.npy", np.ones(3, np.float32))],
+         "--alibi-slopes"),
+        ("alibi_slopes_float16", [*dense, "--alibi-slopes", save("y_slopes16.npy", np.ones(Hq, np.float16))],
+         "--alibi-slopes"),
+        ("cu_seqlens_q_not_ending_at_total", [*files, "--cu-seqlens-q", "0,2,5", "--cu-seqlens-k", "0,3,6"],
+         "--cu-seqlens-q"),
+        ("cu_seqlens_k_decreasing", [*files, "--cu-seqlens-q", "0,2,4,6", "--cu-seqlens-k", "0,4,3,6"],
+         "--cu-seqlens-k"),
+        ("block_table_page_out_of_range", [*paged_files, "--block-table", "0,1;2,9", "--seq-lens", "3,4"],
+         "--block-table"),
+        ("seq_lens_beyond_block_table", [*paged_files, "--block-table", "0,1;2,3", "--seq-lens", "3,5"],
+         ("--seq-lens", "--block-table")),
+        ("seq_lens_negative", [*paged_files, "--block-table", "0,1;2,3", "--seq-lens", "3,-1"], "--seq-lens"),
+        ("seq_lens_count_not_batch", [*paged_files, "--block-table", "0,1;2,3", "--seq-lens", "3"],
+         ("--seq-lens", "--block-table")),
+        ("cu_seqlens_count_mismatch", [*files, "--cu-seqlens-q", "0,2,6", "--cu-seqlens-k", "0,1,3,6"],
+         ("--cu-seqlens-q", "--cu-seqlens-k")),
+    ]
+    for name, args, flag in cases:
+        expect_usage_error(f"issue7_error_{name}", args, flag, [out, lse, path("y_w.npy")])
+
+
+def check_run_help_documents_issue7_flags():
+    proc = sdpa("run", "--help")
+    flags = ["--window-left", "--window-right", "--alignment", "--softcap", "--alibi-slopes", "--cu-seqlens-q",
+             "--cu-seqlens-k", "--block-table", "--seq-lens"]
+    missing = [f for f in flags if f not in proc.stdout]
+    report("run_help_issue7_flags", proc.returncode == 0 and not missing, f"missing {missing}" if missing else "")
+
+
 def check_check_command():
     proc = sdpa("check", "--cases", "50")
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
@@ -262,25 +610,73 @@ def check_info_and_version():
     report("info_prints_version", ok, f"--version {version.stdout.strip()!r}")
 
 
+CHECKS = [
+    check_gqa_bool_mask_bottom_right,
+    check_float_mask,
+    check_ignore_polarity,
+    check_rank3_weights_lse,
+    check_dropout,
+    check_hostile_files,
+    check_bad_arguments,
+    check_sliding_window,
+    check_huge_window_is_unbounded,
+    check_alibi,
+    check_softcap,
+    check_varlen,
+    check_paged,
+    check_varlen_and_paged_dropout,
+    check_issue7_errors,
+    check_run_help_documents_issue7_flags,
+    check_check_command,
+    check_info_and_version,
+]
+
+
+def run_check(check):
+    """Runs one check with its own generator, so that it sees the same data alone (pytest)
+    as in the full run."""
+    if inspect.signature(check).parameters:
+        check(np.random.default_rng(0))
+    else:
+        check()
+
+
 def main():
     global SDPA, TMP
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} PATH/TO/sdpa")
     SDPA = os.path.abspath(sys.argv[1])
-    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="sdpa_cli_") as tmp:
         TMP = tmp
-        check_gqa_bool_mask_bottom_right(rng)
-        check_float_mask(rng)
-        check_ignore_polarity(rng)
-        check_rank3_weights_lse(rng)
-        check_dropout(rng)
-        check_hostile_files(rng)
-        check_bad_arguments(rng)
-        check_check_command()
-        check_info_and_version()
+        for check in CHECKS:
+            run_check(check)
     print(f"{len(FAILURES)} failed" if FAILURES else "all passed")
     sys.exit(1 if FAILURES else 0)
+
+
+# --- under pytest -----------------------------------------------------------------------
+# `python -m pytest tests/cli/test_cli.py` runs each check as its own test, against the
+# binary named by $SDPA_CLI (default: build/release/sdpa, the release preset's).
+
+DEFAULT_BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "release", "sdpa")
+
+
+def _pytest_case(check):
+    def test(tmp_path):
+        global SDPA, TMP
+        SDPA = os.path.abspath(os.environ.get("SDPA_CLI", DEFAULT_BINARY))
+        assert os.access(SDPA, os.X_OK), f"no sdpa binary at {SDPA}: set SDPA_CLI=PATH/TO/sdpa"
+        TMP = str(tmp_path)
+        FAILURES.clear()
+        run_check(check)
+        assert not FAILURES, f"failed: {', '.join(FAILURES)}"
+
+    test.__name__ = test.__qualname__ = "test_" + check.__name__[len("check_"):]
+    return test
+
+
+for _check in CHECKS:
+    globals()["test_" + _check.__name__[len("check_"):]] = _pytest_case(_check)
 
 
 if __name__ == "__main__":
