@@ -84,6 +84,12 @@ struct CaseConfig {
   bool strided = false;  // Q, K, V are views of (B, L, H, E + pad) buffers
   int pad = 0;
   bool want_weights = false, want_lse = false;
+  // Issue #7: sliding window, its alignment, ALiBi slopes (per head, or per batch and
+  // head), logit softcapping.
+  std::int64_t window_left = -1, window_right = -1;
+  std::optional<Alignment> alignment;
+  bool alibi = false, alibi_per_batch = false;
+  double softcap = 0.0;
 
   Shape qkv_shape(std::int64_t heads, std::int64_t rows, std::int64_t cols) const {
     return rank == 4 ? Shape{B, heads, rows, cols} : Shape{heads, rows, cols};
@@ -162,6 +168,15 @@ CaseConfig random_case(Random& rng) {
   c.pad = static_cast<int>(rng.below(4));
   c.want_weights = rng.chance(0.4);
   c.want_lse = rng.chance(0.5);
+  if (rng.chance(0.25)) {
+    c.window_left = rng.pick<std::int64_t>({-1, 0, 3, 20});
+    c.window_right = rng.pick<std::int64_t>({-1, 0, 5});
+    if (c.causal == Causal::none && rng.chance(0.5))
+      c.alignment = rng.chance(0.5) ? Alignment::top_left : Alignment::bottom_right;
+  }
+  c.alibi = c.rank == 4 && rng.chance(0.2);
+  c.alibi_per_batch = c.alibi && rng.chance(0.5);
+  if (rng.chance(0.2)) c.softcap = rng.pick({0.5, 5.0, 30.0});
   return c;
 }
 
@@ -181,6 +196,9 @@ std::vector<std::string> features(const CaseConfig& c) {
   if (c.scale) tags.push_back("scale");
   if (c.dropout_p > 0.0) tags.push_back("dropout");
   if (c.strided) tags.push_back("strided");
+  if (c.window_left >= 0 || c.window_right >= 0) tags.push_back("window");
+  if (c.alibi) tags.push_back("alibi");
+  if (c.softcap > 0.0) tags.push_back("softcap");
   if (tags.empty()) tags.push_back("plain");
   return tags;
 }
@@ -208,6 +226,10 @@ std::string describe(const CaseConfig& c) {
   if (c.dropout_p > 0.0)
     out << " dropout=" << c.dropout_p << " seed=" << c.dropout_seed << " offset=" << c.dropout_offset;
   if (c.strided) out << " strided(pad=" << c.pad << ")";
+  if (c.window_left >= 0 || c.window_right >= 0) out << " window=(" << c.window_left << "," << c.window_right << ")";
+  if (c.alignment) out << (*c.alignment == Alignment::top_left ? " align=top-left" : " align=bottom-right");
+  if (c.alibi) out << (c.alibi_per_batch ? " alibi(B,Hq)" : " alibi(Hq)");
+  if (c.softcap > 0.0) out << " softcap=" << c.softcap;
   if (c.want_weights) out << " +weights";
   if (c.want_lse) out << " +lse";
   return out.str();
@@ -353,9 +375,15 @@ struct CaseResult {
   bool passed() const { return failure.empty() && worst_ratio <= 1.0; }  // NaN fails
 };
 
-Options make_options(const CaseConfig& c, Backend backend, const std::optional<TensorView>& mask) {
+Options make_options(const CaseConfig& c, Backend backend, const std::optional<TensorView>& mask,
+                     const Tensor& alibi_slopes) {
   Options o;
   o.mask = mask;
+  o.window_left = c.window_left;
+  o.window_right = c.window_right;
+  o.alignment = c.alignment;
+  if (c.alibi) o.alibi_slopes = alibi_slopes.view();
+  o.softcap = c.softcap;
   o.causal = c.causal;
   o.scale = c.scale;
   o.dropout_p = c.dropout_p;
@@ -374,13 +402,18 @@ CaseResult run_case(Random& rng, const CaseConfig& c) {
     std::optional<Mask> mask;
     if (c.mask_kind != MaskKind::none) mask = make_mask(rng, c);
     const Returns returns{c.want_weights, c.want_lse};
+    // ALiBi's geometric slopes 2^(−8h/Hq) scaled by a random factor, so that the bias
+    // is large against the scores in some cases and small in others.
+    Tensor slopes(DType::float32, c.alibi_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq});
+    for (std::int64_t n = 0; n < slopes.numel(); ++n)
+      slopes.set(n, std::exp2(-8.0 * static_cast<double>(n % c.Hq + 1) / static_cast<double>(c.Hq)) * 4.0 * rng.uniform());
 
-    const ForwardResult got =
-        forward(q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt),
-                returns);
-    const ForwardResult want =
-        forward(q.oracle.view(), k.oracle.view(), v.oracle.view(),
-                make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt), returns);
+    const ForwardResult got = forward(
+        q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, slopes),
+        returns);
+    const ForwardResult want = forward(
+        q.oracle.view(), k.oracle.view(), v.oracle.view(),
+        make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, slopes), returns);
 
     // The oracle ran in float64; round its output to the case's dtype, as the CPU's
     // output is, so the comparison sees the same final rounding on both sides.
@@ -424,7 +457,8 @@ struct GroupKey {
 int feature_rank(const std::string& feature) {
   static const char* order[] = {"all",       "plain",     "rank3",      "gqa",          "ev!=e",
                                 "empty",     "bool-mask", "float-mask", "stride0-mask", "masked-row",
-                                "causal-tl", "causal-br", "scale",      "dropout",      "strided"};
+                                "causal-tl", "causal-br", "scale",      "dropout",      "strided",
+                                "window",    "alibi",     "softcap"};
   for (int i = 0; i < static_cast<int>(std::size(order)); ++i)
     if (feature == order[i]) return i;
   return static_cast<int>(std::size(order));
