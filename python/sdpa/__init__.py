@@ -3,14 +3,17 @@
     import sdpa
     out = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=False)  # torch's
     out, weights = sdpa.attention(q, k, v, m, causal="bottom_right", return_weights=True)
+    out = sdpa.attention(q, k, v, window_size=(128, 0), alibi_slopes=slopes, softcap=30.0)
+    out = sdpa.varlen_attention(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k)
+    out = sdpa.paged_attention(q, k_pages, v_pages, block_table, seq_lens, causal="bottom_right")
 
-Both take torch tensors or NumPy arrays and return the same kind, reading the inputs in
+All take torch tensors or NumPy arrays and return the same kind, reading the inputs in
 place through DLPack whatever their strides. The semantics are PyTorch's; the few places
 where sdpa differs are in docs/semantics.md ("Python").
 """
 
 from . import _core
-from ._api import attention, scaled_dot_product_attention
+from ._api import attention, paged_attention, scaled_dot_product_attention, varlen_attention
 from .nn import KVCache, MultiheadAttention
 
 __version__ = _core.version()
@@ -21,4 +24,5 @@ def runtime_info() -> dict:
     return _core.runtime_info()
 
 
-__all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention", "KVCache", "runtime_info", "__version__"]
+__all__ = ["attention", "scaled_dot_product_attention", "varlen_attention", "paged_attention", "MultiheadAttention",
+           "KVCache", "runtime_info", "__version__"]

@@ -1,5 +1,5 @@
-"""The two public functions. Everything numerical happens in C++ (sdpa._core); this file
-maps Python arguments onto one call of it, allocates the outputs in the caller's framework
+"""The public functions. Everything numerical happens in C++ (sdpa._core); this file maps
+Python arguments onto one call of it, allocates the outputs in the caller's framework
 (torch.empty / np.empty) and hands the C++ library views of the caller's memory, so no
 tensor is copied on the way in or out."""
 
@@ -13,6 +13,7 @@ import numpy as np
 from . import _core
 
 _CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}
+_LAYOUTS = ("HND", "NHD")
 _UINT64_END = 1 << 64
 
 
@@ -63,6 +64,9 @@ class _Torch:
     def unsqueeze(self, x):
         return x.unsqueeze(0)
 
+    def swap(self, x, a, b):
+        return x.transpose(a, b)  # a view: (total, H, E) as (H, total, E)
+
     def draw_seed(self) -> int:
         # From torch's default CPU generator, so torch.manual_seed makes dropout reproducible.
         return int(self.torch.randint(0, (1 << 63) - 1, (), dtype=self.torch.int64))
@@ -90,6 +94,9 @@ class _NumPy:
 
     def unsqueeze(self, x):
         return x[np.newaxis]
+
+    def swap(self, x, a, b):
+        return np.swapaxes(x, a, b)  # a view: (total, H, E) as (H, total, E)
 
     def draw_seed(self) -> int:
         # From NumPy's global generator, so np.random.seed makes dropout reproducible.
@@ -125,12 +132,104 @@ def _seed(fw, seed, dropout_p: float) -> int:
     return int(seed)
 
 
+def _causal(causal) -> str:
+    if isinstance(causal, str) and causal in _CAUSAL:
+        return _CAUSAL[causal]
+    if causal is None:
+        return "none"
+    hint = ""
+    if isinstance(causal, bool):
+        # The two libraries people port from disagree on what True means.
+        hint = " (torch's is_causal=True is 'top_left', FlashAttention's causal=True is 'bottom_right')"
+    raise ValueError(f"causal: expected None, 'top_left' or 'bottom_right', got {causal!r}{hint}")
+
+
+def _alignment(alignment) -> str:
+    if alignment is None:
+        return "none"
+    if isinstance(alignment, str) and alignment in ("top_left", "bottom_right"):
+        return alignment
+    raise ValueError(f"alignment: expected None, 'top_left' or 'bottom_right', got {alignment!r}")
+
+
+def _window(window_size) -> tuple[int, int]:
+    """(left, right) as ints; -1 leaves a side unbounded (the library checks the range)."""
+    if window_size is None:
+        return -1, -1
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}") from None
+    for n, side in enumerate((left, right)):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window_size[{n}]: expected an int (-1 = unbounded), got {type(side).__name__}")
+    return int(left), int(right)
+
+
+def _softcap(softcap) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected a float (0 = off), got {type(softcap).__name__}")
+    return float(softcap)  # the range (finite, >= 0) is checked by the library
+
+
+def _slopes(fw, alibi_slopes):
+    """ALiBi slopes in the caller's framework: a tensor / array is read in place (float32 or
+    float64, checked by the library); a list or tuple of numbers becomes float64. They are
+    constants: no gradient flows to them."""
+    if alibi_slopes is None:
+        return None
+    if isinstance(alibi_slopes, (list, tuple)):
+        alibi_slopes = np.asarray(alibi_slopes, dtype=np.float64)
+    if isinstance(fw, _Torch):
+        if isinstance(alibi_slopes, np.ndarray):
+            alibi_slopes = fw.torch.from_numpy(alibi_slopes)
+        return fw.prepare("alibi_slopes", alibi_slopes).detach()
+    return fw.prepare("alibi_slopes", alibi_slopes)
+
+
+def _integers(fw, name, x):
+    """An integer table (cu_seqlens, block_table, seq_lens): a torch tensor or NumPy array is
+    passed as it is (int32 or int64, checked by the binding), anything else becomes an int64
+    array. Through the torch custom ops it must be a tensor."""
+    torch = _torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
+        return x.detach()
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except ValueError as error:  # ragged nested lists
+            raise ValueError(f"{name}: expected a rectangular table of ints, got {error}") from None
+        if x.size == 0:
+            x = x.astype(np.int64)  # np.asarray([]) is float64
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected int32 or int64, got {x.dtype}")
+    if isinstance(fw, _Torch):
+        return fw.torch.from_numpy(np.ascontiguousarray(x))
+    return x
+
+
+class _Extras:
+    """The options beyond PyTorch's SDPA (issue #7), checked and in the library's terms."""
+
+    def __init__(self, fw, window_size, alignment, alibi_slopes, softcap):
+        self.window_left, self.window_right = _window(window_size)
+        self.alignment = _alignment(alignment)
+        self.alibi_slopes = _slopes(fw, alibi_slopes)
+        self.softcap = _softcap(softcap)
+
+    def core_args(self):
+        """The trailing arguments of sdpa._core's functions and of the custom ops."""
+        return self.window_left, self.window_right, self.alignment, self.alibi_slopes, self.softcap
+
+
 def _batch_dims(ndim: int) -> int:
     # Rank >= 4 is (batch..., heads, seq, dim); rank 3 is (batch, seq, dim).
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
 
 
-def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out, mask_name):
+def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out, mask_name, extras):
     dropout_p = _dropout(dropout_p)
     scale = _scale(scale)
     seed = _seed(fw, seed, dropout_p)
@@ -145,7 +244,7 @@ def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out
             if out is not None:
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
             output, lse_tensor = _autograd.attention(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p,
-                                                     seed=seed, mask_name=mask_name)
+                                                     seed=seed, mask_name=mask_name, extras=extras.core_args())
             return output, None, (lse_tensor if lse else None)
         # No gradient wanted: DLPack exports only tensors that do not require grad.
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -163,12 +262,13 @@ def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out
     # writes anything; its errors arrive as TypeError / ValueError.
     written = out.detach() if isinstance(fw, _Torch) else out  # the caller's memory either way
     _core.forward(q, k, v, mask, written, weights_buffer, lse_buffer, causal, scale, dropout_p, seed, 0, 0,
-                  "automatic", mask_name)
+                  "automatic", mask_name, *extras.core_args())
     return out, weights_buffer, lse_buffer
 
 
 def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_p=0.0, seed=None,
-              return_weights=False, return_lse=False, out=None):
+              return_weights=False, return_lse=False, out=None, window_size=(-1, -1), alignment=None,
+              alibi_slopes=None, softcap=0.0):
     """Scaled dot-product attention, softmax(query @ keyᵀ · scale + mask) @ value.
 
     The library's own interface (docs/semantics.md): the seeds' ``(output, weights)`` form
@@ -199,6 +299,26 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         out: optional output buffer (..., Hq, L, Ev) of the query's dtype and framework, any
             strides (a (B, L, Hq, Ev) buffer's transposed view works); written in place and
             returned.
+        window_size, alignment, alibi_slopes, softcap: FlashAttention's extensions, below.
+
+    Beyond PyTorch (FlashAttention's window_size, alibi_slopes and softcap). The score of
+    query i and key j in query head h is
+
+        s = softcap · tanh(scale · q·k / softcap)   (softcap > 0; else scale · q·k)
+            - slope[h] · |d(i) - j|                 (ALiBi, when alibi_slopes are given)
+            + mask
+
+    where d(i) is query i's diagonal key: i ("top_left") or i + S - L ("bottom_right").
+
+        window_size: (left, right); query i sees key j only when
+            d(i) - left <= j <= d(i) + right; -1 leaves that side unbounded (the default
+            (-1, -1) is no window). Causal caps right at 0.
+        alignment: None, "top_left" or "bottom_right": where d(i) lies for the window and
+            ALiBi. None is the causal alignment when causal is set, else "bottom_right"
+            (FlashAttention's); given together with causal it must name the same one.
+        alibi_slopes: (Hq,) or (batch..., Hq), float32 or float64, a tensor / array of the
+            query's framework (a list of numbers is taken as float64). Not differentiated.
+        softcap: logit softcapping (Gemma 2, Grok); 0 = off, else a finite cap > 0.
 
     Returns:
         output (..., Hq, L, Ev) in the query's dtype; ``(output, weights)``,
@@ -212,25 +332,28 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     Raises:
         TypeError: a wrong dtype, or inputs of mixed frameworks.
         ValueError: shapes that do not fit, a mask that does not broadcast, Hq % Hkv != 0,
-            dropout_p outside [0, 1), a non-finite scale. Nothing is written then.
+            dropout_p outside [0, 1), a non-finite scale, a window side below -1, a negative
+            or non-finite softcap, alibi_slopes of the wrong shape, an alignment that
+            contradicts causal. Nothing is written then.
         NotImplementedError: return_weights or out with inputs that require grad.
     """
-    if causal not in _CAUSAL:
-        raise ValueError(f"causal: expected None, 'top_left' or 'bottom_right', got {causal!r}")
+    causal = _causal(causal)
     fw = _framework(query)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
     m = None if mask is None else fw.prepare("mask", mask)
-    output, weights, lse = _run(fw, q, k, v, m, causal=_CAUSAL[causal], scale=scale, dropout_p=dropout_p, seed=seed,
-                                weights=return_weights, lse=return_lse, out=out, mask_name="mask")
+    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
+    output, weights, lse = _run(fw, q, k, v, m, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                                weights=return_weights, lse=return_lse, out=out, mask_name="mask", extras=extras)
     if not (return_weights or return_lse):
         return output
     return (output,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, seed=None):
+                                 enable_gqa=False, *, seed=None, window_size=(-1, -1), alignment=None,
+                                 alibi_slopes=None, softcap=0.0):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
     Same signature and semantics: ``softmax(query @ keyᵀ · scale + attn_mask) @ value``
@@ -253,18 +376,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       * attn_mask and is_causal may be given together (both apply; torch refuses);
       * a float attn_mask may have any float dtype (torch wants the query's);
       * autograd through sdpa's own backward (a torch.library custom op, torch.compile
-        included); a float attn_mask that requires grad gets its gradient too.
+        included); a float attn_mask that requires grad gets its gradient too;
+      * keyword-only extensions torch does not have, FlashAttention's: ``window_size=(left,
+        right)`` (a sliding window, -1 = unbounded side), ``alibi_slopes`` ((Hq,) or
+        (batch..., Hq)), ``softcap`` (logit softcapping, 0 = off) and ``alignment`` (where
+        the window's and ALiBi's diagonal lies: None follows is_causal, top-left, and
+        without is_causal is "bottom_right", FlashAttention's). See sdpa.attention for the
+        formula. Gradients flow through all of them.
 
     Raises:
         TypeError: a wrong dtype, or inputs of mixed frameworks.
         ValueError: shapes that do not fit, Hq != Hkv without enable_gqa, a mask that does
-            not broadcast, dropout_p outside [0, 1), a non-finite scale.
+            not broadcast, dropout_p outside [0, 1), a non-finite scale, a bad window_size,
+            softcap, alibi_slopes or alignment.
     """
     fw = _framework(query)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
+    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
 
     # torch reads dim -3 as the head dim when it applies GQA, also at rank 3; the library's
     # rank 3 is (batch, seq, dim), so such inputs become (1, heads, seq, dim).
@@ -295,5 +426,169 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
 
     output, _, _ = _run(fw, q, k, v, m, causal="top_left" if is_causal else "none", scale=scale, dropout_p=dropout_p,
-                        seed=seed, weights=False, lse=False, out=None, mask_name="attn_mask")
+                        seed=seed, weights=False, lse=False, out=None, mask_name="attn_mask", extras=extras)
     return output[0] if squeeze else output
+
+
+def _rank(name, x, rank, layout):
+    if x.ndim != rank:
+        raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {tuple(x.shape)}")
+
+
+def _like(name, x, other_name, other):
+    """x's shape is other's but for the last dim (value and key; value_pages and key_pages),
+    checked here so that the message shows the caller's layout, not the library's view."""
+    if tuple(x.shape[:-1]) != tuple(other.shape[:-1]):
+        expected = "(" + ", ".join(str(n) for n in other.shape[:-1]) + ", Ev)"
+        raise ValueError(f"{name}: expected {expected} like {other_name}, got shape {tuple(x.shape)}")
+
+
+def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=None, scale=None, dropout_p=0.0,
+                     seed=None, window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0,
+                     return_lse=False):
+    """Attention over a batch of sequences of different lengths packed without padding
+    (FlashAttention's ``flash_attn_varlen_func`` layout).
+
+    Sequence b is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` against key / value rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``, attended alone: the result equals
+    sdpa.attention on that sequence by itself, causal alignment, window and ALiBi distances
+    counted within the sequence. The buffers are read in place (handed to the library as
+    (H, total, E) views by strides): no padding, no copy.
+
+    Args:
+        query: (total_q, Hq, E), torch tensor or NumPy array.
+        key: (total_k, Hkv, E); Hq must be a multiple of Hkv (GQA).
+        value: (total_k, Hkv, Ev).
+        cu_seqlens_q, cu_seqlens_k: the cumulative sequence lengths, batch + 1 entries each,
+            starting at 0, never decreasing, ending at total_q / total_k: int32 or int64
+            tensors / arrays, or lists of ints.
+        causal: None (the default), "top_left" (query i of a sequence sees its keys
+            j <= i) or "bottom_right" (j <= i + S_b - L_b: the queries are the last L_b
+            positions of the sequence, as in chunked prefill). Spelled as in
+            sdpa.attention; a bool is refused, because torch's is_causal=True means
+            "top_left" and FlashAttention's causal=True means "bottom_right".
+        scale, dropout_p, seed, window_size, alignment, softcap: as in sdpa.attention.
+            Dropout in sequence b draws as batch element b of a padded (batch, Hq, L, S)
+            call would.
+        alibi_slopes: (Hq,) or (batch, Hq), float32 or float64.
+        return_lse: also return the log-sum-exp, (Hq, total_q) (FlashAttention's
+            softmax_lse layout), float32 (float64 for float64 inputs).
+
+    Returns:
+        output (total_q, Hq, Ev) in the query's dtype, or ``(output, lse)``.
+
+    Autograd: torch inputs that require grad get gradients from the library's
+    backward_varlen (dropout replayed, GQA summed), torch.compile included.
+
+    Raises:
+        TypeError: a wrong dtype (of the tensors or of cu_seqlens), mixed frameworks.
+        ValueError: ranks or shapes that do not fit, cu_seqlens that are not a valid
+            partition of the packed rows, and the option errors of sdpa.attention.
+    """
+    causal = _causal(causal)
+    fw = _framework(query)
+    q = fw.prepare("query", query)
+    k = fw.prepare("key", key)
+    v = fw.prepare("value", value)
+    _rank("query", q, 3, "(total_q, Hq, E)")
+    _rank("key", k, 3, "(total_k, Hkv, E)")
+    _rank("value", v, 3, "(total_k, Hkv, Ev)")
+    _like("value", v, "the key", k)
+    cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q)
+    cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
+    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
+    dropout_p = _dropout(dropout_p)
+    scale = _scale(scale)
+    seed = _seed(fw, seed, dropout_p)
+    if isinstance(fw, _Torch):
+        from . import _autograd
+
+        if _autograd.wanted(q, k, v):
+            output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, causal=causal, scale=scale, dropout_p=dropout_p,
+                                           seed=seed, extras=extras.core_args())
+            return (output, lse) if return_lse else output
+        q, k, v = q.detach(), k.detach(), v.detach()
+    total_q, heads_q = q.shape[0], q.shape[1]
+    # FlashAttention's layouts, written through (H, total, ·) views.
+    output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
+    lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
+    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, fw.swap(output, 0, 1), lse,
+                         causal, scale, dropout_p, seed, 0, 0, "automatic", *extras.core_args())
+    return (output, lse) if return_lse else output
+
+
+def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, layout="HND", causal=None, scale=None,
+                    window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0, return_lse=False):
+    """Attention of each sequence's queries against its keys and values in a paged KV cache
+    (vLLM's PagedAttention, FlashInfer's page table). Forward only (inference).
+
+    The cache is a pool of fixed-size pages shared by the batch. Sequence b has
+    ``seq_lens[b]`` keys; key j lives in row ``j % page_size`` of page
+    ``block_table[b, j // page_size]``. Entries of block_table past a sequence's last page
+    are not read. The result equals sdpa.attention against the same keys held
+    contiguously; the pages are read in place (no gather, no copy).
+
+    Args:
+        query: (batch, Hq, L, E), torch tensor or NumPy array; L = 1 is decoding.
+        key_pages: (pages, Hkv, page_size, E) with layout="HND" (the default), or
+            (pages, page_size, Hkv, E) with layout="NHD" (FlashInfer's names).
+        value_pages: (pages, Hkv, page_size, Ev), or (pages, page_size, Hkv, Ev) with "NHD".
+        block_table: (batch, max_pages_per_sequence) page indices, int32 / int64 tensor or
+            array, or a list of lists.
+        seq_lens: (batch,) key counts, int32 / int64 tensor or array, or a list.
+        layout: "HND" or "NHD": how the pages are laid out.
+        causal: None (the default) or "bottom_right", which puts the L queries at the end of
+            their sequence (query i sees keys j <= i + seq_lens[b] - L): chunked prefill and
+            speculative decoding into the cache. "top_left" is accepted too.
+        scale, window_size, alignment, softcap: as in sdpa.attention.
+        alibi_slopes: (Hq,) or (batch, Hq), float32 or float64.
+        return_lse: also return the log-sum-exp (batch, Hq, L), float32 (float64 for float64
+            inputs), for merging with attention over other keys.
+
+    Returns:
+        output (batch, Hq, L, Ev) in the query's dtype, or ``(output, lse)``.
+
+    Raises:
+        TypeError: a wrong dtype (of the tensors or of the tables), mixed frameworks.
+        ValueError: ranks or shapes that do not fit, page indices out of range, a sequence
+            longer than its block table holds, a bad layout, and the option errors of
+            sdpa.attention.
+        NotImplementedError: inputs that require grad (paged attention has no backward;
+            call it under torch.no_grad() or torch.inference_mode()).
+    """
+    causal = _causal(causal)
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
+    fw = _framework(query)
+    q = fw.prepare("query", query)
+    kp = fw.prepare("key_pages", key_pages)
+    vp = fw.prepare("value_pages", value_pages)
+    _rank("query", q, 4, "(batch, Hq, L, E)")
+    pages_layout = "(pages, Hkv, page_size, {})" if layout == "HND" else "(pages, page_size, Hkv, {})"
+    _rank("key_pages", kp, 4, pages_layout.format("E"))
+    _rank("value_pages", vp, 4, pages_layout.format("Ev"))
+    _like("value_pages", vp, "key_pages", kp)
+    table = _integers(fw, "block_table", block_table)
+    lengths = _integers(fw, "seq_lens", seq_lens)
+    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
+    scale = _scale(scale)
+    nhd = layout == "NHD"
+    if isinstance(fw, _Torch):
+        from . import _autograd
+
+        torch = fw.torch
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, kp, vp)):
+            raise NotImplementedError("paged_attention: forward only (no backward); call it under torch.no_grad() "
+                                      "or torch.inference_mode(), or use sdpa.attention / sdpa.varlen_attention "
+                                      "for training")
+        if torch.compiler.is_compiling():
+            output, lse = _autograd.paged(q, kp, vp, table, lengths, nhd=nhd, causal=causal, scale=scale,
+                                          extras=extras.core_args())
+            return (output, lse) if return_lse else output
+    if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
+        kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
+    rows = tuple(q.shape[:-1])
+    output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
+    lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
+    _core.forward_paged(q, kp, vp, table, lengths, output, lse, causal, scale, 0, "automatic", *extras.core_args())
+    return (output, lse) if return_lse else output

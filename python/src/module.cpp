@@ -1,8 +1,8 @@
-// sdpa._core: the one binding the Python package calls. Tensors arrive through DLPack
-// (torch) or the buffer protocol / DLPack (NumPy) as nb::ndarray, and are handed to
-// sdpa::forward as TensorViews over the caller's memory: any strides, no copy. The
-// outputs are buffers the Python side allocated (torch.empty / np.empty), written in place,
-// so nothing is copied on the way out either.
+// sdpa._core: the bindings the Python package calls. Tensors arrive through DLPack (torch)
+// or the buffer protocol / DLPack (NumPy) as nb::ndarray, and are handed to sdpa::forward
+// (backward, and their varlen and paged forms) as TensorViews over the caller's memory: any
+// strides, no copy. The outputs are buffers the Python side allocated (torch.empty /
+// np.empty), written in place, so nothing is copied on the way out either.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -12,6 +12,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "arrays.h"
@@ -73,9 +74,20 @@ sdpa::Backend backend_of(const std::string& backend) {
   throw nb::value_error(("backend: expected 'automatic', 'reference' or 'cpu', got '" + backend + "'").c_str());
 }
 
-// The options forward and backward share (the mask is each call's own).
+std::optional<sdpa::Alignment> alignment_of(const std::string& alignment) {
+  if (alignment == "none") return std::nullopt;
+  if (alignment == "top_left") return sdpa::Alignment::top_left;
+  if (alignment == "bottom_right") return sdpa::Alignment::bottom_right;
+  throw nb::value_error(("alignment: expected None, 'top_left' or 'bottom_right', got '" + alignment + "'").c_str());
+}
+
+// The options of one call: those forward and backward share (the mask is each call's own,
+// and varlen and paged calls have none), then those beyond PyTorch's SDPA (issue #7).
+// `alignment` "none" leaves it unset: the library's default.
 sdpa::Options options_of(const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-                         std::uint64_t offset, int num_threads, const std::string& backend) {
+                         std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
+                         std::int64_t window_right, const std::string& alignment,
+                         const std::optional<Input>& alibi_slopes, double softcap) {
   sdpa::Options options;
   options.causal = sdpa_python::causal_of(causal);
   options.scale = scale;
@@ -84,36 +96,100 @@ sdpa::Options options_of(const std::string& causal, std::optional<double> scale,
   options.offset = offset;
   options.num_threads = num_threads;
   options.backend = backend_of(backend);
+  options.window_left = window_left;
+  options.window_right = window_right;
+  options.alignment = alignment_of(alignment);
+  if (alibi_slopes) options.alibi_slopes = view_of(*alibi_slopes, "alibi_slopes");
+  options.softcap = softcap;
   return options;
 }
 
+// An integer table the library takes as std::vector (cu_seqlens, block_table, seq_lens):
+// int32 or int64 of `ndim` dims, any strides, copied row-major (it is small next to the
+// tensors, and the library keeps no pointer to it). `columns` receives the last dim.
+std::vector<std::int64_t> integers_of(const Input& a, const std::string& name, std::size_t ndim,
+                                      std::int64_t* columns = nullptr) {
+  if (!sdpa_python::in_host_memory(a))
+    throw nb::value_error(
+        (name + ": expected a tensor in CPU memory, got DLPack device type " + std::to_string(a.device_type()))
+            .c_str());
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool is_int = dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) && dt.lanes == 1 &&
+                      (dt.bits == 32 || dt.bits == 64);
+  if (!is_int) throw nb::type_error((name + ": expected int32 or int64, got " + describe(dt)).c_str());
+  if (a.ndim() != ndim) {
+    std::string shape = "(";
+    for (std::size_t d = 0; d < a.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(a.shape(d));
+    shape += a.ndim() == 1 ? ",)" : ")";
+    throw nb::value_error(
+        (name + ": expected " + std::to_string(ndim) + " dim" + (ndim == 1 ? "" : "s") + ", got shape " + shape)
+            .c_str());
+  }
+  const std::int64_t rows = ndim == 2 ? static_cast<std::int64_t>(a.shape(0)) : 1;
+  const std::int64_t cols = static_cast<std::int64_t>(a.shape(ndim - 1));
+  const std::int64_t row_stride = ndim == 2 ? a.stride(0) : 0, col_stride = a.stride(ndim - 1);
+  if (columns) *columns = cols;
+  std::vector<std::int64_t> values;
+  values.reserve(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::int64_t at = r * row_stride + c * col_stride;
+      values.push_back(dt.bits == 32 ? static_cast<const std::int32_t*>(a.data())[at]
+                                     : static_cast<const std::int64_t*>(a.data())[at]);
+    }
+  return values;
+}
+
 // The library names its arguments as C++ sees them; Python users know them by the names of
-// the Python function they called. Only the leading "<argument>:" changes.
-std::string python_message(const sdpa::Error& error, const std::string& mask_name) {
+// the Python function they called. Only the leading "<argument>:" changes: a struct prefix
+// goes (options.scale → scale, sequences.cu_seqlens_q → cu_seqlens_q, cache.block_table →
+// block_table), the window's two sides are window_size's two entries, and `renames` maps the
+// rest for one call (mask → attn_mask, output → out).
+using Renames = std::vector<std::pair<std::string, std::string>>;
+
+std::string python_name(const std::string& argument, const Renames& renames) {
+  std::string name = argument;
+  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs."}) {
+    const std::string p = prefix;
+    if (name.rfind(p, 0) == 0) {
+      name = name.substr(p.size());
+      break;
+    }
+  }
+  for (const auto& [from, to] : renames)
+    if (name == from) return to;
+  if (name == "window_left") return "window_size[0]";
+  if (name == "window_right") return "window_size[1]";
+  if (name == "blocks_per_sequence") return "block_table";
+  return name;
+}
+
+std::string python_message(const sdpa::Error& error, const Renames& renames) {
   const std::string& argument = error.argument();
-  std::string renamed = argument;
-  if (argument == "mask")
-    renamed = mask_name;
-  else if (argument == "output")
-    renamed = "out";
-  else if (argument.rfind("options.", 0) == 0)
-    renamed = argument.substr(8);
+  const std::string renamed = python_name(argument, renames);
   const std::string what = error.what();
   if (renamed == argument || what.rfind(argument, 0) != 0) return what;
   return renamed + what.substr(argument.size());
 }
 
-[[noreturn]] void raise(const sdpa::Error& error, const std::string& mask_name) {
-  const std::string message = python_message(error, mask_name);
+[[noreturn]] void raise(const sdpa::Error& error, const Renames& renames) {
+  const std::string message = python_message(error, renames);
   if (error.kind() == sdpa::ErrorKind::type) throw nb::type_error(message.c_str());
   throw nb::value_error(message.c_str());
 }
 
+Renames dense_renames(const std::string& mask_name) { return {{"mask", mask_name}, {"output", "out"}}; }
+
+std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
              const Output& output, const std::optional<Output>& weights, const std::optional<Output>& lse,
              const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-             std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name) {
-  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend);
+             std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name,
+             std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
+             const std::optional<Input>& alibi_slopes, double softcap) {
+  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
+                                     window_right, alignment, alibi_slopes, softcap);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
@@ -121,7 +197,6 @@ void forward(const Input& query, const Input& key, const Input& value, const std
   if (lse) outputs.lse = view_of(*lse, "lse");
 
   last_call = {};
-  auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   last_call.query = address(q.data);
   last_call.key = address(k.data);
   last_call.value = address(v.data);
@@ -135,7 +210,7 @@ void forward(const Input& query, const Input& key, const Input& value, const std
     nb::gil_scoped_release release;
     sdpa::forward(q, k, v, outputs, options);
   } catch (const sdpa::Error& error) {
-    raise(error, mask_name);
+    raise(error, dense_renames(mask_name));
   }
 }
 
@@ -145,11 +220,14 @@ void backward(const Input& query, const Input& key, const Input& value, const st
               const Input& output, const Input& lse, const Input& grad_output, const Output& grad_query,
               const Output& grad_key, const Output& grad_value, const std::optional<Output>& grad_mask,
               const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-              std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name) {
-  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend);
-  const sdpa::BackwardInputs inputs{view_of(query, "query"),  view_of(key, "key"), view_of(value, "value"),
-                                    view_of(output, "output"), view_of(lse, "lse"),
-                                    view_of(grad_output, "grad_output")};
+              std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name,
+              std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
+              const std::optional<Input>& alibi_slopes, double softcap) {
+  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
+                                     window_right, alignment, alibi_slopes, softcap);
+  const sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
+                                    view_of(value, "value"), view_of(output, "output"),
+                                    view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
                                 view_of(grad_value, "grad_value"), std::nullopt};
@@ -158,7 +236,94 @@ void backward(const Input& query, const Input& key, const Input& value, const st
     nb::gil_scoped_release release;
     sdpa::backward(inputs, outputs, options);
   } catch (const sdpa::Error& error) {
-    raise(error, mask_name);
+    raise(error, {{"mask", mask_name}});
+  }
+}
+
+// Packed variable-length batches (sdpa::forward_varlen). The tensors arrive in the
+// library's (H, total, E) form; the Python side passes FlashAttention's (total, H, E)
+// buffers as transposed views, so nothing is copied.
+void forward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
+                    const Input& cu_seqlens_k, const Output& output, const std::optional<Output>& lse,
+                    const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
+                    std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
+                    std::int64_t window_right, const std::string& alignment, const std::optional<Input>& alibi_slopes,
+                    double softcap) {
+  const sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
+                                           window_right, alignment, alibi_slopes, softcap);
+  const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
+                                        integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
+  const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
+  sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
+  if (lse) outputs.lse = view_of(*lse, "lse");
+
+  last_call = {};
+  last_call.query = address(q.data);
+  last_call.key = address(k.data);
+  last_call.value = address(v.data);
+  last_call.output = address(outputs.output.data);
+  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+  try {
+    nb::gil_scoped_release release;
+    sdpa::forward_varlen(q, k, v, sequences, outputs, options);
+  } catch (const sdpa::Error& error) {
+    raise(error, {});
+  }
+}
+
+void backward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
+                     const Input& cu_seqlens_k, const Input& output, const Input& lse, const Input& grad_output,
+                     const Output& grad_query, const Output& grad_key, const Output& grad_value,
+                     const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
+                     std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
+                     std::int64_t window_right, const std::string& alignment, const std::optional<Input>& alibi_slopes,
+                     double softcap) {
+  const sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
+                                           window_right, alignment, alibi_slopes, softcap);
+  const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
+                                        integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
+  const sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
+                                    view_of(value, "value"), view_of(output, "output"),
+                                    view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  const sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
+                                      view_of(grad_value, "grad_value"), std::nullopt};
+  try {
+    nb::gil_scoped_release release;
+    sdpa::backward_varlen(inputs, sequences, outputs, options);
+  } catch (const sdpa::Error& error) {
+    raise(error, {});
+  }
+}
+
+// Attention against a paged KV cache (sdpa::forward_paged). The pages arrive as
+// (pages, Hkv, page_size, E) views; FlashInfer's NHD buffers are passed transposed.
+void forward_paged(const Input& query, const Input& key_pages, const Input& value_pages, const Input& block_table,
+                   const Input& seq_lens, const Output& output, const std::optional<Output>& lse,
+                   const std::string& causal, std::optional<double> scale, int num_threads, const std::string& backend,
+                   std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
+                   const std::optional<Input>& alibi_slopes, double softcap) {
+  const sdpa::Options options = options_of(causal, scale, 0.0, 0, 0, num_threads, backend, window_left, window_right,
+                                           alignment, alibi_slopes, softcap);
+  sdpa::PagedKV cache;
+  cache.key_pages = view_of(key_pages, "key_pages");
+  cache.value_pages = view_of(value_pages, "value_pages");
+  cache.block_table = integers_of(block_table, "block_table", 2, &cache.blocks_per_sequence);
+  cache.seq_lens = integers_of(seq_lens, "seq_lens", 1);
+  const sdpa::TensorView q = view_of(query, "query");
+  sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
+  if (lse) outputs.lse = view_of(*lse, "lse");
+
+  last_call = {};
+  last_call.query = address(q.data);
+  last_call.key = address(cache.key_pages.data);
+  last_call.value = address(cache.value_pages.data);
+  last_call.output = address(outputs.output.data);
+  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+  try {
+    nb::gil_scoped_release release;
+    sdpa::forward_paged(q, cache, outputs, options);
+  } catch (const sdpa::Error& error) {
+    raise(error, {});
   }
 }
 
@@ -172,7 +337,7 @@ NB_MODULE(_core, m) {
     try {
       std::rethrow_exception(p);
     } catch (const sdpa::Error& error) {
-      const std::string message = python_message(error, "mask");
+      const std::string message = python_message(error, {});
       PyErr_SetString(error.kind() == sdpa::ErrorKind::type ? PyExc_TypeError : PyExc_ValueError, message.c_str());
     }
   });
@@ -184,15 +349,45 @@ NB_MODULE(_core, m) {
         nb::arg("mask").noconvert().none(), nb::arg("output").noconvert(), nb::arg("weights").noconvert().none(),
         nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"),
         nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"), nb::arg("backend"), nb::arg("mask_name"),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alignment") = "none",
+        nb::arg("alibi_slopes").noconvert().none() = nb::none(), nb::arg("softcap") = 0.0,
         "Computes attention into the given output buffers (see sdpa.attention).");
 
-  m.def("backward", &backward, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
-        nb::arg("value").noconvert(), nb::arg("mask").noconvert().none(), nb::arg("output").noconvert(),
-        nb::arg("lse").noconvert(), nb::arg("grad_output").noconvert(), nb::arg("grad_query").noconvert(),
-        nb::arg("grad_key").noconvert(), nb::arg("grad_value").noconvert(), nb::arg("grad_mask").noconvert().none(),
-        nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-        nb::arg("num_threads"), nb::arg("backend"), nb::arg("mask_name"),
+  m.def("backward", &backward, nb::arg("query").noconvert(), nb::arg("key").noconvert(), nb::arg("value").noconvert(),
+        nb::arg("mask").noconvert().none(), nb::arg("output").noconvert(), nb::arg("lse").noconvert(),
+        nb::arg("grad_output").noconvert(), nb::arg("grad_query").noconvert(), nb::arg("grad_key").noconvert(),
+        nb::arg("grad_value").noconvert(), nb::arg("grad_mask").noconvert().none(), nb::arg("causal"),
+        nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"),
+        nb::arg("backend"), nb::arg("mask_name"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("alignment") = "none", nb::arg("alibi_slopes").noconvert().none() = nb::none(),
+        nb::arg("softcap") = 0.0,
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
+
+  m.def("forward_varlen", &forward_varlen, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
+        nb::arg("value").noconvert(), nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(),
+        nb::arg("output").noconvert(), nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(),
+        nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"), nb::arg("backend"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("alignment"),
+        nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+        "Packed variable-length attention, tensors (H, total, E), into the given buffers (see "
+        "sdpa.varlen_attention).");
+
+  m.def("backward_varlen", &backward_varlen, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
+        nb::arg("value").noconvert(), nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(),
+        nb::arg("output").noconvert(), nb::arg("lse").noconvert(), nb::arg("grad_output").noconvert(),
+        nb::arg("grad_query").noconvert(), nb::arg("grad_key").noconvert(), nb::arg("grad_value").noconvert(),
+        nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
+        nb::arg("num_threads"), nb::arg("backend"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("alignment"), nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+        "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
+
+  m.def("forward_paged", &forward_paged, nb::arg("query").noconvert(), nb::arg("key_pages").noconvert(),
+        nb::arg("value_pages").noconvert(), nb::arg("block_table").noconvert(), nb::arg("seq_lens").noconvert(),
+        nb::arg("output").noconvert(), nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(),
+        nb::arg("num_threads"), nb::arg("backend"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("alignment"), nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+        "Attention against a paged KV cache, pages (pages, Hkv, page_size, E), into the given buffers (see "
+        "sdpa.paged_attention).");
 
   m.def(
       "last_call",
@@ -207,7 +402,8 @@ NB_MODULE(_core, m) {
         d["lse"] = last_call.lse;
         return d;
       },
-      "Data pointers the library saw in the last forward call (0 = absent); for tests.");
+      "Data pointers the library saw in the last forward call, varlen and paged included (0 = absent); "
+      "for tests.");
 
   register_nn(m);
 

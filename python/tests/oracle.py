@@ -231,3 +231,60 @@ def dropout_keep(p: float, seed: int, offset: int, batch: int, heads: int, L: in
     word = np.choose(j % 4, words)
     threshold = min(int(p * 2.0**32 + 0.5), 0xFFFFFFFF)
     return word >= threshold
+
+
+# --- FlashAttention's extensions: window, ALiBi, softcap (issue #7) ----------------------
+
+def extended_attention(q, k, v, mask=None, *, scale=None, causal=None, window=(-1, -1), alignment=None,
+                       slopes=None, softcap=0.0):
+    """(output, weights, lse) of include/sdpa/options.h's formula, literally, in the dtype of
+    q (float64 for the reference; a low-precision dtype gives the naive computation in that
+    dtype), differentiable by torch.autograd:
+
+        s = softcap · tanh(scale · q·k / softcap)    (softcap > 0; else scale · q·k)
+            − slope[h] · |d(i) − j|                   (ALiBi)
+            + mask                                    (float mask; bool/causal/window: −inf)
+
+    d(i) = i (top_left) or i + S − L (bottom_right); alignment None is the causal one when
+    causal, else bottom_right. The window keeps d(i) − left <= j <= d(i) + right (−1:
+    unbounded). Shapes (..., H, L, E) with GQA by repeating K/V heads; slopes (Hq,) or
+    (batch..., Hq). Fully masked rows give 0 and lse −inf."""
+    dtype = q.dtype
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    if q.ndim >= 3 and k.ndim >= 3 and q.ndim == k.ndim and q.shape[-3] != k.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alignment is None:
+        alignment = causal if causal is not None else "bottom_right"
+    i = torch.arange(L).unsqueeze(1)
+    j = torch.arange(S).unsqueeze(0)
+    diagonal = i + (S - L if alignment == "bottom_right" else 0)
+    if slopes is not None:
+        slopes = to_torch(slopes).to(dtype)
+        scores = scores - slopes[..., None, None] * (diagonal - j).abs().to(dtype)
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if causal is not None:
+        allowed = allowed & (j <= i + (S - L if causal == "bottom_right" else 0))
+    left, right = window
+    if left >= 0:
+        allowed = allowed & (j >= diagonal - left)
+    if right >= 0:
+        allowed = allowed & (j <= diagonal + right)
+    if mask is not None:
+        m = to_torch(mask)
+        if m.dtype == torch.bool:
+            allowed = allowed & m
+        else:
+            allowed = allowed & (m != -math.inf)
+            scores = scores + torch.where(m == -math.inf, torch.zeros((), dtype=dtype), m.to(dtype))
+    allowed = torch.broadcast_to(allowed, scores.shape)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    finite = torch.isfinite(lse)
+    shifted = scores - torch.where(finite, lse, torch.zeros((), dtype=dtype))
+    weights = torch.where(allowed & finite, torch.exp(shifted), torch.zeros((), dtype=dtype))
+    return weights @ v, weights, lse.squeeze(-1)

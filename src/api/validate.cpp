@@ -467,7 +467,7 @@ namespace {
 // form) and the weights (ragged).
 void check_no_mask_or_weights(const Options& options, const std::optional<TensorView>& weights) {
   if (options.mask)
-    fail("options.mask", "expected no mask for a packed or paged call (use causal, the window or ALiBi), got one");
+    fail("mask", "expected no mask for a packed or paged call (use causal, the window or ALiBi), got one");
   if (weights) fail("weights", "expected no weights buffer for a packed or paged call, got one");
 }
 
