@@ -94,6 +94,17 @@ struct Problem {
     return std::clamp<std::int64_t>(i + diagonal_shift + window_right + 1, 0, S);
   }
   bool has_alibi() const { return !alibi_slopes.empty(); }
+
+  // Threads for a kernel: num_threads (0 = `default_threads`), or 1 for a problem so small
+  // that waking a thread team costs more than it saves (tens of µs on a loaded machine
+  // against a few µs of work). Results do not depend on the thread count.
+  int threads(int default_threads) const {
+    constexpr double kSerialWork = 1 << 20;  // multiply-adds of Q Kᵀ and P V
+    const double work = static_cast<double>(batch * heads_q) * static_cast<double>(L) * static_cast<double>(S) *
+                        static_cast<double>(E + Ev);
+    if (work < kSerialWork) return 1;
+    return num_threads > 0 ? num_threads : default_threads;
+  }
   // ALiBi's bias for query matrix qm, query i, key j: −slope · |d(i) − j|.
   double alibi_bias(std::int64_t qm, std::int64_t i, std::int64_t j) const {
     const std::int64_t distance = i + diagonal_shift - j;

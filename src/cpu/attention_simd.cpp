@@ -461,7 +461,7 @@ void ForwardFloat32(const Problem& p) {
   const std::int64_t splits = KeySplits(p, tasks);
   // Keys per split, whole tiles: the last split takes the rest.
   const std::int64_t split_keys = (p.S / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
-  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const int threads = p.threads(omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) when splitting; aligned for whole-vector loads.
   const std::int64_t state_size = kSubtiles * StateSize(p);  // one task's rows, one split
   const hwy::AlignedFreeUniquePtr<float[]> states =

@@ -186,7 +186,7 @@ void query_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::in
 
 template <class T>
 void run(const BackwardProblem& p) {
-  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const int threads = p.threads(omp_get_max_threads());
   const std::int64_t key_tiles = (p.S + kKeyTile - 1) / kKeyTile;
   const std::int64_t query_tiles = (p.L + kQueryTile - 1) / kQueryTile;
   const std::int64_t key_tasks = p.batch * p.heads_kv * key_tiles;

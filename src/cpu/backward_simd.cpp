@@ -417,7 +417,7 @@ void BackwardFloat32(const BackwardProblem& p) {
   const std::int64_t chunks = (p.S + chunk_keys - 1) / chunk_keys;
   const std::int64_t tasks = heads * chunks;
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
-  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const int threads = p.threads(omp_get_max_threads());
   // With several chunks, each (task) writes its partial dQ here: group rows × E floats.
   const std::int64_t partial_size = group_rows * p.E;
   hwy::AlignedFreeUniquePtr<float[]> partials = hwy::AllocateAligned<float>(chunks > 1 ? tasks * partial_size : 1);

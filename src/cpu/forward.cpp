@@ -180,7 +180,7 @@ void run(const Problem& p) {
   const std::int64_t tasks = p.batch * p.heads_q * tiles_per_head;
   // Each task owns its query rows of every output, and its result does not depend on
   // which thread runs it: bitwise the same for any thread count.
-#pragma omp parallel num_threads(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()) if (tasks > 1)
+#pragma omp parallel num_threads(p.threads(omp_get_max_threads())) if (tasks > 1)
   {
     Scratch<T> scratch(p);
 #pragma omp for schedule(dynamic, 1)
