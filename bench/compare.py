@@ -13,8 +13,15 @@ with L = S) for both and the ratio ours/torch, over the grid of issue #4.
 --backward times loss = Σ out ∘ dO, then loss.backward(), through torch's autograd on both
 sides (ours: sdpa's custom op and its C++ backward), and counts the backward as 2.5 times
 the forward's FLOPs (FlashAttention); the decode points are skipped.
+
+--features times the issue #7 features against what a PyTorch user writes for the same
+result, since torch's SDPA has none of them: a sliding window or ALiBi as an explicit
+mask / bias (built once, outside the timing), softcapping in eager ops (Gemma 2's
+reference code), varlen as the padded batch with a key-padding mask, a paged cache
+gathered with index_select before SDPA.
 """
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -93,6 +100,83 @@ def measure_backward(p, repeats):
     return (*alternate(ours, theirs, repeats), error)
 
 
+def feature_points():
+    """(name, ours, theirs) for --features: two callables giving the same result."""
+    gen = torch.Generator().manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, generator=gen)
+
+    # Sliding window at L = S = 8192, H = 4, E = 64 (bench --features's shape).
+    q, k, v = (randn(1, 4, 8192, 64) for _ in range(3))
+    i = torch.arange(8192)[:, None]
+    j = torch.arange(8192)[None, :]
+    for left, right, causal in ((256, 0, "bottom_right"), (256, 256, None)):
+        band = (j >= i - left) & (j <= i + right)
+        yield (f"window ({left}, {right}){' causal' if causal else ''} float32 H=4 L=S=8192 E=64",
+               lambda left=left, right=right, causal=causal: sdpa.attention(q, k, v, causal=causal,
+                                                                            window_size=(left, right)),
+               lambda band=band: F.scaled_dot_product_attention(q, k, v, attn_mask=band))
+
+    # ALiBi and softcapping at L = S = 2048, H = 16, E = 64.
+    q, k, v = (randn(1, 16, 2048, 64) for _ in range(3))
+    slopes = torch.tensor([2.0 ** (-0.5 * (h + 1)) for h in range(16)])
+    i = torch.arange(2048)[:, None]
+    j = torch.arange(2048)[None, :]
+    bias = -slopes[:, None, None] * (i - j).abs()  # (H, L, S), as FlashAttention's ALiBi at L = S
+    yield ("ALiBi float32 H=16 L=S=2048 E=64", lambda: sdpa.attention(q, k, v, alibi_slopes=slopes),
+           lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+    def eager_softcap(cap=30.0):
+        scores = q @ k.transpose(-2, -1) / 8.0
+        return torch.softmax(cap * torch.tanh(scores / cap), dim=-1) @ v
+
+    yield ("softcap 30 float32 H=16 L=S=2048 E=64", lambda: sdpa.attention(q, k, v, softcap=30.0), eager_softcap)
+
+    # Varlen: 8 sequences of up to 2048 tokens, half the padded batch's tokens.
+    lengths = [2048, 1792, 1280, 1024, 768, 512, 256, 512]
+    padded_q, padded_k, padded_v = (randn(8, 8, 2048, 64) for _ in range(3))
+    keep = torch.zeros(8, 1, 1, 2048, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        keep[b, ..., :n] = True
+    packed = [torch.cat([t[b, :, :n] for b, n in enumerate(lengths)], dim=1).transpose(0, 1).contiguous()
+              for t in (padded_q, padded_k, padded_v)]  # (total, H, E)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    yield ("varlen 8 seqs (half padding) float32 H=8 Lmax=2048 E=64", lambda: sdpa.varlen_attention(*packed, cu, cu),
+           lambda: F.scaled_dot_product_attention(padded_q, padded_k, padded_v, attn_mask=keep))
+
+    # Paged decoding: 8 sequences of 4096 keys in shuffled 16-row pages.
+    B, Hq, Hkv, S, E, page = 8, 32, 8, 4096, 128, 16
+    pages = B * S // page
+    key_pages, value_pages = randn(pages, Hkv, page, E), randn(pages, Hkv, page, E)
+    table = torch.randperm(pages, generator=gen).reshape(B, S // page)
+    seq_lens = torch.full((B,), S, dtype=torch.int32)
+    query = randn(B, Hq, 1, E)
+
+    def gathered():
+        def gather(p):  # (B, Hkv, S, E) from the pages
+            return p[table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, S, E)
+        return F.scaled_dot_product_attention(query, gather(key_pages), gather(value_pages), enable_gqa=True)
+
+    yield ("paged decode float32 B=8 Hq=32 Hkv=8 S=4096 E=128 page=16",
+           lambda: sdpa.paged_attention(query, key_pages, value_pages, table, seq_lens), gathered)
+
+
+def compare_features(repeats):
+    rows = []
+    with torch.no_grad():
+        for name_, ours, theirs in feature_points():
+            print(f"\r{name_:60s}", end="", file=sys.stderr, flush=True)
+            a, b = ours(), theirs()
+            if name_.startswith("varlen"):  # compare the real rows only
+                b = torch.cat([b[n, :, :length] for n, length in enumerate([2048, 1792, 1280, 1024, 768, 512, 256, 512])],
+                              dim=1).transpose(0, 1)
+            error = (a.double() - b.double()).abs().max().item()
+            ours_s, theirs_s = alternate(ours, theirs, repeats)
+            rows.append(dict(name=name_, ours_ms=ours_s * 1e3, torch_ms=theirs_s * 1e3, ratio=theirs_s / ours_s,
+                             max_abs_diff=error))
+    print(file=sys.stderr)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="skip L = S = 8192")
@@ -101,9 +185,25 @@ def main():
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--backward", action="store_true",
                         help="forward + backward through autograd (backward counted as 2.5x the forward)")
+    parser.add_argument("--features", action="store_true",
+                        help="window, ALiBi, softcap, varlen, paged against torch doing the same with what it has")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     info = sdpa.runtime_info()
+    if args.features:
+        rows = compare_features(max(args.repeats, 5))
+        if args.json:
+            print(json.dumps(dict(torch=torch.__version__, sdpa=sdpa.__version__, threads=threads, points=rows),
+                             indent=2))
+            return
+        print(f"sdpa {sdpa.__version__} vs torch {torch.__version__} doing the same with what it has, {threads} "
+              f"threads, median of {max(args.repeats, 5)} alternating runs")
+        print(f"| {'point':58s} | sdpa ms | torch ms | ratio | max abs diff |")
+        print(f"|{'-' * 60}|--------:|---------:|------:|-------------:|")
+        for r in rows:
+            print(f"| {r['name']:58s} | {r['ours_ms']:7.2f} | {r['torch_ms']:8.2f} | {r['ratio']:5.2f}× | "
+                  f"{r['max_abs_diff']:12.2e} |")
+        return
     rows = []
     points = [p for p in grid(args.quick) if args.filter in name(p)]
     if args.backward:

@@ -149,15 +149,22 @@ class Task {
     for (std::int64_t row0 = 0; row0 < group_rows; row0 += block_rows) {
       const std::int64_t row_count = std::min(block_rows, group_rows - row0);
       SetRows(head_kv, row0, row_count);
-      PackBlock();
       std::int64_t key_start = p_.S, key_limit = 0;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         const Subtile& t = s_.sub[g];
         if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
         key_limit = std::max(key_limit, t.key_limit);
       }
-      // Only the key tiles some row sees (causal, the sliding window).
+      // Only the key tiles some row sees (causal, the sliding window); a block that sees
+      // none of the chunk's keys contributes nothing but its dQ, 0 over these keys.
       const std::int64_t end = std::min(key_end, key_limit);
+      if (key_start >= end) {
+        for (std::int64_t g = 0; g < subtiles_; ++g)
+          std::fill(s_.sub[g].dqt.get(), s_.sub[g].dqt.get() + p_.E * s_.rows, 0.0f);
+        StoreQueryGradient(row0, partial);
+        continue;
+      }
+      PackBlock();
       for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile)
         KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
       StoreQueryGradient(row0, partial);
