@@ -526,7 +526,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     ``seq_lens[b]`` keys; key j lives in row ``j % page_size`` of page
     ``block_table[b, j // page_size]``. Entries of block_table past a sequence's last page
     are not read. The result equals sdpa.attention against the same keys held
-    contiguously; the pages are read in place (no gather, no copy).
+    contiguously; the pages are read through the block table (the cache is never gathered:
+    each K/V row passes through a per-thread tile).
 
     Args:
         query: (batch, Hq, L, E), torch tensor or NumPy array; L = 1 is decoding.

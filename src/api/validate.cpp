@@ -306,6 +306,30 @@ std::vector<Span> input_spans_of(const CheckedInputs& in) {
   return spans;
 }
 
+// A backward's read-only tensors besides Q, K, V: the forward's output and lse, and dO.
+// Any strides (an expanded dO of ones is what autograd hands over for a sum), but the
+// shapes and dtypes the forward gives. Adds their spans to `input_spans`.
+void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape,
+                          DType dtype, DType lse_dtype, std::vector<Span>& input_spans) {
+  struct Read {
+    const TensorView* view;
+    const char* name;
+    const Shape* shape;
+    DType dtype;
+  };
+  const Read reads[] = {{&tensors.output, "output", &output_shape, dtype},
+                        {&tensors.lse, "lse", &lse_shape, lse_dtype},
+                        {&tensors.grad_output, "grad_output", &output_shape, dtype}};
+  for (const Read& r : reads) {
+    if (r.view->dtype != r.dtype)
+      fail(r.name, std::string("expected dtype ") + dtype_name(r.dtype) + ", got " + dtype_name(r.view->dtype),
+           ErrorKind::type);
+    if (r.view->shape != *r.shape)
+      fail(r.name, "expected shape " + to_string(*r.shape) + ", got " + to_string(r.view->shape));
+    input_spans.push_back(check_view(*r.view, r.name));
+  }
+}
+
 // The input side of a Problem: sizes, query/key/value/mask operands, the scalars.
 Problem resolve_inputs(const CheckedInputs& in) {
   const TensorView& query = *in.query;
@@ -393,26 +417,8 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
   const TensorView& query = *in.query;
   const Options& options = *in.options;
 
-  // The forward's results and dO: read-only, so any strides (an expanded dO of ones is
-  // what autograd hands over for a sum), but the shapes and dtypes the forward gives.
-  struct Read {
-    const TensorView* view;
-    const char* name;
-    const Shape* shape;
-    DType dtype;
-  };
-  const Read reads[] = {{&tensors.output, "output", &in.output_shape, query.dtype},
-                        {&tensors.lse, "lse", &in.lse_shape, in.lse_dtype},
-                        {&tensors.grad_output, "grad_output", &in.output_shape, query.dtype}};
   std::vector<Span> input_spans = input_spans_of(in);
-  for (const Read& r : reads) {
-    if (r.view->dtype != r.dtype)
-      fail(r.name, std::string("expected dtype ") + dtype_name(r.dtype) + ", got " + dtype_name(r.view->dtype),
-           ErrorKind::type);
-    if (r.view->shape != *r.shape)
-      fail(r.name, "expected shape " + to_string(*r.shape) + ", got " + to_string(r.view->shape));
-    input_spans.push_back(check_view(*r.view, r.name));
-  }
+  check_backward_reads(tensors, in.output_shape, in.lse_shape, query.dtype, in.lse_dtype, input_spans);
 
   std::vector<Output> outs{{&outputs.grad_query, "grad_query", &query.shape, query.dtype},
                            {&outputs.grad_key, "grad_key", &in.key->shape, query.dtype},
@@ -620,26 +626,11 @@ std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs
   const OutputShapes shapes = check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);
   if (outputs.grad_mask) fail("grad_mask", "expected no buffer for a packed call (it takes no mask), got one");
   // The whole call first: shapes, dtypes, no output overlapping an input or another output.
-  struct Read {
-    const TensorView* view;
-    const char* name;
-    const Shape* shape;
-    DType dtype;
-  };
-  const Read reads[] = {{&inputs.output, "output", &shapes.output_shape, shapes.output_dtype},
-                        {&inputs.lse, "lse", &shapes.lse_shape, shapes.lse_dtype},
-                        {&inputs.grad_output, "grad_output", &shapes.output_shape, shapes.output_dtype}};
   std::vector<Span> input_spans{check_view(inputs.query, "query"), check_view(inputs.key, "key"),
                                 check_view(inputs.value, "value")};
   if (options.alibi_slopes) input_spans.push_back(check_view(*options.alibi_slopes, "alibi_slopes"));
-  for (const Read& r : reads) {
-    if (r.view->dtype != r.dtype)
-      fail(r.name, std::string("expected dtype ") + dtype_name(r.dtype) + ", got " + dtype_name(r.view->dtype),
-           ErrorKind::type);
-    if (r.view->shape != *r.shape)
-      fail(r.name, "expected shape " + to_string(*r.shape) + ", got " + to_string(r.view->shape));
-    input_spans.push_back(check_view(*r.view, r.name));
-  }
+  check_backward_reads(inputs, shapes.output_shape, shapes.lse_shape, shapes.output_dtype, shapes.lse_dtype,
+                       input_spans);
   const DType dtype = inputs.query.dtype;
   check_outputs({{&outputs.grad_query, "grad_query", &inputs.query.shape, dtype},
                  {&outputs.grad_key, "grad_key", &inputs.key.shape, dtype},

@@ -16,11 +16,13 @@
 //
 // Determinism without atomics: a task is (batch, KV head, key chunk). It owns dK and dV
 // of its keys, accumulated over every query row of the GQA group (rows flattened over
-// (group heads × L), in order), so they are stored once, complete. Its dQ is complete
-// too when there is one chunk (the task then sees every key); with several chunks each
-// task writes its partial dQ to its own slot and a second pass sums the slots in chunk
-// order. The chunk count depends on the shape only, never on the thread count, so the
-// results are bitwise the same for any thread count.
+// (group heads × L), in order), so they are stored once, complete. With one chunk the
+// task sees every key, so it owns dQ of the group's rows too: five products. With several
+// chunks (few heads, long sequences) the tasks compute dK and dV only, and a second pass
+// over query blocks computes dQ, recomputing S and dP: seven products, but no partial dQ
+// per chunk to hold (DESIGN.md §5: extra memory O(threads × tile)). The chunk count
+// depends on the shape only, never on the thread count, and each gradient element is
+// summed by one task in a fixed order: bitwise the same results for any thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -135,12 +137,13 @@ class Task {
   Task(const BackwardProblem& p, Scratch& s) : p_(p), s_(s), n_(hn::Lanes(DF())) {}
 
   // dK and dV of keys [key_begin, key_end) of KV head `head_kv` of batch `b`, complete;
-  // dQ of all the group's query rows over those keys: stored (· scale) into grad_query
-  // when `partial` is null, else written unscaled to `partial` (group rows × E floats).
-  void Run(std::int64_t b, std::int64_t head_kv, std::int64_t key_begin, std::int64_t key_end, float* partial) {
+  // with `query_gradient` (the keys are all of them), dQ of all the group's query rows too.
+  void Run(std::int64_t b, std::int64_t head_kv, std::int64_t key_begin, std::int64_t key_end, bool query_gradient) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
     key_begin_ = key_begin;
+    key_gradients_ = true;
+    query_gradient_ = query_gradient;
     const std::int64_t keys = key_end - key_begin;
     std::fill(s_.dk.get(), s_.dk.get() + RoundUp(keys, kKeyTile) * s_.E_pad, 0.0f);
     std::fill(s_.dv.get(), s_.dv.get() + RoundUp(keys, kKeyTile) * s_.Ev_pad, 0.0f);
@@ -149,28 +152,45 @@ class Task {
     for (std::int64_t row0 = 0; row0 < group_rows; row0 += block_rows) {
       const std::int64_t row_count = std::min(block_rows, group_rows - row0);
       SetRows(head_kv, row0, row_count);
-      std::int64_t key_start = p_.S, key_limit = 0;
-      for (std::int64_t g = 0; g < subtiles_; ++g) {
-        const Subtile& t = s_.sub[g];
-        if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
-        key_limit = std::max(key_limit, t.key_limit);
-      }
-      // Only the key tiles some row sees (causal, the sliding window); a block that sees
-      // none of the chunk's keys contributes nothing but its dQ, 0 over these keys.
-      const std::int64_t end = std::min(key_end, key_limit);
-      if (key_start >= end) {
-        for (std::int64_t g = 0; g < subtiles_; ++g)
-          std::fill(s_.sub[g].dqt.get(), s_.sub[g].dqt.get() + p_.E * s_.rows, 0.0f);
-        StoreQueryGradient(row0, partial);
-        continue;
-      }
-      PackBlock();
-      for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile)
-        KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
-      StoreQueryGradient(row0, partial);
+      BlockKeys(key_begin, key_end, row_count);
     }
     StoreKeyGradients(keys);
   }
+
+  // dQ of the flattened group rows [row0, row0 + row_count) (one block) of KV head
+  // `head_kv` of batch `b`, over every key: the second pass when keys come in chunks.
+  void RunQueries(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
+    b_ = b;
+    kvm_ = b * p_.heads_kv + head_kv;
+    key_begin_ = 0;
+    key_gradients_ = false;
+    query_gradient_ = true;
+    SetRows(head_kv, row0, row_count);
+    BlockKeys(0, p_.S, row_count);
+  }
+
+ private:
+  // The current block's rows against the key tiles of [key_begin, key_end) that some row
+  // sees; then its dQ, when this pass computes it (0 when the block sees none of them).
+  void BlockKeys(std::int64_t key_begin, std::int64_t key_end, std::int64_t row_count) {
+    std::int64_t key_start = p_.S, key_limit = 0;
+    for (std::int64_t g = 0; g < subtiles_; ++g) {
+      const Subtile& t = s_.sub[g];
+      if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
+      key_limit = std::max(key_limit, t.key_limit);
+    }
+    const std::int64_t end = std::min(key_end, key_limit);
+    if (key_start < end) {
+      PackBlock();
+      for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile)
+        KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
+    } else {
+      for (std::int64_t g = 0; g < subtiles_; ++g)
+        std::fill(s_.sub[g].dqt.get(), s_.sub[g].dqt.get() + p_.E * s_.rows, 0.0f);
+    }
+    if (query_gradient_) StoreQueryGradient();
+  }
+
 
  private:
   // Flattened group rows [row0, row0 + row_count), spread over the subtiles.
@@ -232,16 +252,15 @@ class Task {
       Subtile& t = s_.sub[g];
       const std::int64_t visible = std::min(cols, t.key_limit - j0);
       if (visible <= 0 || j0 + visible <= t.key_start || !Gradients(t, g, j0, visible, padded, k, k_stride, v, v_stride)) {
-        ZeroColumns(g, padded);  // the rank updates below read every row of the block
+        if (key_gradients_) ZeroColumns(g, padded);  // the rank updates below read every row of the block
         continue;
       }
       if (first_active < 0) first_active = g;
       last_active = g;
       // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
-      const float* dst = s_.dpt.get() + g * R;
-      tiles::Accumulate(dst, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
+      if (query_gradient_) tiles::Accumulate(s_.dpt.get() + g * R, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
     }
-    if (first_active < 0) return;
+    if (first_active < 0 || !key_gradients_) return;
     // dV += Wᵀ ⊗ dO rows, dK += dSᵀ ⊗ Q rows, over the rows of the active subtiles.
     const std::int64_t r0 = first_active * R, r1 = std::min(row_count, (last_active + 1) * R);
     const std::int64_t rank_cols = RoundUp(cols, kRankKeys);
@@ -368,21 +387,15 @@ class Task {
     }
   }
 
-  // dQ of the block's rows: scale · dQᵀᵀ into grad_query, or unscaled into the partial.
-  void StoreQueryGradient(std::int64_t row0, float* partial) {
+  // dQ of the block's rows: scale · dQᵀᵀ into grad_query.
+  void StoreQueryGradient() {
     const float scale = static_cast<float>(p_.scale);
     const std::int64_t R = static_cast<std::int64_t>(s_.rows);
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       const Subtile& t = s_.sub[g];
-      for (std::int64_t r = 0; r < static_cast<std::int64_t>(t.rows.size()); ++r) {
-        if (partial) {
-          float* out = partial + (row0 + g * R + r) * p_.E;
-          for (std::int64_t e = 0; e < p_.E; ++e) out[e] = t.dqt[e * R + r];
-        } else {
-          for (std::int64_t e = 0; e < p_.E; ++e)
-            p_.grad_query.store<float>(t.rows[r].matrix, t.rows[r].i, e, t.dqt[e * R + r] * scale);
-        }
-      }
+      for (std::int64_t r = 0; r < static_cast<std::int64_t>(t.rows.size()); ++r)
+        for (std::int64_t e = 0; e < p_.E; ++e)
+          p_.grad_query.store<float>(t.rows[r].matrix, t.rows[r].i, e, t.dqt[e * R + r] * scale);
     }
   }
 
@@ -400,6 +413,7 @@ class Task {
   Scratch& s_;
   const std::size_t n_;
   std::int64_t b_ = 0, kvm_ = 0, key_begin_ = 0, subtiles_ = 0;
+  bool key_gradients_ = true, query_gradient_ = true;  // what this pass computes
 };
 
 }  // namespace
@@ -424,10 +438,9 @@ void BackwardFloat32(const BackwardProblem& p) {
   const std::int64_t chunks = (p.S + chunk_keys - 1) / chunk_keys;
   const std::int64_t tasks = heads * chunks;
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
+  const std::int64_t block_rows = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
+  const std::int64_t blocks = (group_rows + block_rows - 1) / block_rows;
   const int threads = p.threads(omp_get_max_threads());
-  // With several chunks, each (task) writes its partial dQ here: group rows × E floats.
-  const std::int64_t partial_size = group_rows * p.E;
-  hwy::AlignedFreeUniquePtr<float[]> partials = hwy::AllocateAligned<float>(chunks > 1 ? tasks * partial_size : 1);
 
 #pragma omp parallel num_threads(threads) if (tasks > 1 || chunks > 1)
   {
@@ -439,23 +452,15 @@ void BackwardFloat32(const BackwardProblem& p) {
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t chunk = t / heads, head = t % heads;
       const std::int64_t key_begin = chunk * chunk_keys, key_end = std::min(p.S, key_begin + chunk_keys);
-      task.Run(head / p.heads_kv, head % p.heads_kv, key_begin, key_end,
-               chunks > 1 ? partials.get() + (head * chunks + chunk) * partial_size : nullptr);
+      task.Run(head / p.heads_kv, head % p.heads_kv, key_begin, key_end, /*query_gradient=*/chunks == 1);
     }
     if (chunks > 1) {
-      // dQ = scale · Σ_chunk partial, in chunk order. One task per (head, query row).
-      const float scale = static_cast<float>(p.scale);
-      const std::int64_t group = p.heads_q / p.heads_kv;
-#pragma omp for schedule(static)
-      for (std::int64_t t = 0; t < heads * group_rows; ++t) {
-        const std::int64_t head = t / group_rows, flat = t % group_rows;
-        const std::int64_t b = head / p.heads_kv, h = (head % p.heads_kv) * group + flat / p.L, i = flat % p.L;
-        const float* base = partials.get() + head * chunks * partial_size + flat * p.E;
-        for (std::int64_t e = 0; e < p.E; ++e) {
-          float sum = 0.0f;
-          for (std::int64_t c = 0; c < chunks; ++c) sum += base[c * partial_size + e];
-          p.grad_query.store<float>(p.q_matrix(b, h), i, e, sum * scale);
-        }
+      // dQ over query blocks. Causal: the last blocks see the most keys; they go first.
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < heads * blocks; ++t) {
+        const std::int64_t head = t / blocks, block = blocks - 1 - t % blocks;
+        task.RunQueries(head / p.heads_kv, head % p.heads_kv, block * block_rows,
+                        std::min(block_rows, group_rows - block * block_rows));
       }
     }
   }

@@ -418,7 +418,7 @@ TEST(CpuBackward, EmptyShapesGiveZeroGradients) {
 // GQA, a broadcast float mask (its gradient summed), dropout, and key chunks.
 TEST(CpuBackward, BitwiseDeterministicAcrossThreadCounts) {
   for (DType dtype : {DType::float32, DType::float64, DType::bfloat16})
-    for (std::int64_t S : {257, 5000}) {  // 5000 keys: two key chunks with their dQ partials summed
+    for (std::int64_t S : {257, 5000}) {  // 5000 keys: two key chunks, then dQ in a pass of its own
       Case c;
       c.dtype = dtype;
       c.heads_q = 4, c.heads_kv = 2, c.L = S == 257 ? 130 : 40, c.S = S, c.E = 40, c.Ev = 24;
@@ -443,9 +443,29 @@ TEST(CpuBackward, BitwiseDeterministicAcrossThreadCounts) {
     }
 }
 
-// Few (batch, KV head) pairs and long keys: the keys are split into chunks whose partial
-// dQ are summed in a fixed order; they must agree with the oracle.
+// Few (batch, KV head) pairs and long keys: the keys are split into chunks for dK and dV,
+// and dQ is a second pass over query blocks; they must agree with the oracle.
 TEST(CpuBackward, KeyChunksMatchOracle) {
+  // Several query blocks (2 heads × 200 rows) in both passes, with a sliding window whose
+  // rows see one chunk, both, or (window right of every key) none.
+  for (std::int64_t left : {-1, 40}) {
+    Case c;
+    c.dtype = DType::float32;
+    c.batch = {1};
+    c.heads_q = 2, c.heads_kv = 1, c.L = 200, c.S = 4500, c.E = 16, c.Ev = 8;
+    c.causal = Causal::bottom_right;
+    Inputs in = make_inputs(c, 23);
+    in.options.window_left = left;
+    const Tensor g = random_grad_output(in.qv(), in.vv(), 5);
+    Options reference = in.options;
+    reference.backend = Backend::reference;
+    const BackwardResult got = forward_backward(in.qv(), in.kv(), in.vv(), g.view(), in.options);
+    const BackwardResult want = forward_backward(in.qv(), in.kv(), in.vv(), g.view(), reference);
+    for (auto [a, b] : {std::pair{&got.grad_query, &want.grad_query}, {&got.grad_key, &want.grad_key},
+                        {&got.grad_value, &want.grad_value}})
+      for (std::int64_t n = 0; n < a->numel(); ++n) ASSERT_NEAR(a->get(n), b->get(n), 1e-4) << "left " << left << " at " << n;
+  }
+
   for (DType dtype : {DType::float32, DType::bfloat16})
     for (Causal causal : {Causal::none, Causal::bottom_right}) {
       Case c;

@@ -2,11 +2,26 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "testing/helpers.h"
+
 namespace sdpa::testing {
 
 void fill_with_sentinel(std::initializer_list<Tensor*> tensors) {
   for (Tensor* t : tensors)
     for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, kSentinel);
+}
+
+ValidCall::ValidCall() {
+  std::mt19937_64 rng(1);
+  q = random_tensor(DType::float32, {2, 4, 5, 8}, rng);
+  k = random_tensor(DType::float32, {2, 2, 6, 8}, rng);
+  v = random_tensor(DType::float32, {2, 2, 6, 3}, rng);
+  out = Tensor(DType::float32, {2, 4, 5, 3});
+  weights = Tensor(DType::float32, {2, 4, 5, 6});
+  lse = Tensor(DType::float32, {2, 4, 5});
+  fill_with_sentinel({&out, &weights, &lse});
 }
 
 bool untouched(const Tensor& tensor) {

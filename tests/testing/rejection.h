@@ -13,6 +13,15 @@ namespace sdpa::testing {
 inline constexpr double kSentinel = 7.0;
 
 void fill_with_sentinel(std::initializer_list<Tensor*> tensors);
+
+// A valid forward call (float32, GQA 4:2, L = 5, S = 6, E = 8, Ev = 3) whose outputs hold
+// kSentinel: the tests break one thing in it at a time.
+struct ValidCall {
+  Tensor q, k, v, out, weights, lse;
+  Options options;
+  ValidCall();
+  ForwardOutputs outputs() const { return {out.view(), weights.view(), lse.view()}; }
+};
 // Whether every element still holds kSentinel.
 bool untouched(const Tensor& tensor);
 
