@@ -20,9 +20,9 @@
 // task sees every key, so it owns dQ of the group's rows too: five products. With several
 // chunks (few heads, long sequences) the tasks compute dK and dV only, and a second pass
 // over query blocks computes dQ, recomputing S and dP: seven products, but no partial dQ
-// per chunk to hold (DESIGN.md §5: extra memory O(threads × tile)). The chunk count
-// depends on the shape only, never on the thread count, and each gradient element is
-// summed by one task in a fixed order: bitwise the same results for any thread count.
+// per chunk to hold (DESIGN.md §5: extra memory O(threads × tile)). Each gradient
+// element is summed by one task in the same order however the keys are chunked (see
+// KeyChunks): bitwise the same results for any thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -419,28 +419,31 @@ class Task {
 }  // namespace
 
 // Key chunks per (batch, KV head): more than one only when there are too few such heads
-// to keep the threads busy and the keys are long. From the shape alone, never the thread
-// count. Chunks hold whole key tiles; the per-thread dK/dV accumulators hold one chunk,
-// so chunks are also capped in length.
-std::int64_t KeyChunks(const BackwardProblem& p) {
-  constexpr std::int64_t kTargetTasks = 32, kMinChunkKeys = 2048, kMaxChunkKeys = 16384;
-  const std::int64_t heads = p.batch * p.heads_kv;
+// to give each of the `threads` two tasks and the keys are long (chunks cost the second
+// pass for dQ: seven products instead of five). Chunks hold whole key tiles; the
+// per-thread dK/dV accumulators hold one chunk, so chunks are also capped in length.
+// The count may depend on the thread count because the gradients do not depend on it:
+// chunk boundaries fall on the key-tile grid, each key's dK and dV sum the query rows in
+// the same order, and dQ sums the key tiles in the same order, in one pass or two.
+std::int64_t KeyChunks(const BackwardProblem& p, int threads) {
+  constexpr std::int64_t kMinChunkKeys = 2048, kMaxChunkKeys = 16384;
+  const std::int64_t heads = p.batch * p.heads_kv, target_tasks = 2 * static_cast<std::int64_t>(threads);
   std::int64_t chunks = 1;
-  if (heads < kTargetTasks && p.S >= 2 * kMinChunkKeys)
-    chunks = std::min((kTargetTasks + heads - 1) / heads, p.S / kMinChunkKeys);
+  if (heads < target_tasks && p.S >= 2 * kMinChunkKeys)
+    chunks = std::min((target_tasks + heads - 1) / heads, p.S / kMinChunkKeys);
   return std::max(chunks, (p.S + kMaxChunkKeys - 1) / kMaxChunkKeys);
 }
 
 void BackwardFloat32(const BackwardProblem& p) {
+  const int threads = p.threads(omp_get_max_threads());
   const std::int64_t heads = p.batch * p.heads_kv;
-  const std::int64_t wanted = KeyChunks(p);
+  const std::int64_t wanted = KeyChunks(p, threads);
   const std::int64_t chunk_keys = RoundUp((p.S + wanted - 1) / wanted, kKeyTile);
   const std::int64_t chunks = (p.S + chunk_keys - 1) / chunk_keys;
   const std::int64_t tasks = heads * chunks;
   const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
   const std::int64_t block_rows = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
   const std::int64_t blocks = (group_rows + block_rows - 1) / block_rows;
-  const int threads = p.threads(omp_get_max_threads());
 
 #pragma omp parallel num_threads(threads) if (tasks > 1 || chunks > 1)
   {

@@ -415,32 +415,35 @@ TEST(CpuBackward, EmptyShapesGiveZeroGradients) {
 }
 
 // Same inputs and options: bitwise the same gradients with 1, 2 and 3 threads, with
-// GQA, a broadcast float mask (its gradient summed), dropout, and key chunks.
+// GQA, a broadcast float mask (its gradient summed), dropout, a sliding window, and key
+// chunks (which depend on the thread count: one pass with 1 thread, two passes with more).
 TEST(CpuBackward, BitwiseDeterministicAcrossThreadCounts) {
   for (DType dtype : {DType::float32, DType::float64, DType::bfloat16})
-    for (std::int64_t S : {257, 5000}) {  // 5000 keys: two key chunks, then dQ in a pass of its own
-      Case c;
-      c.dtype = dtype;
-      c.heads_q = 4, c.heads_kv = 2, c.L = S == 257 ? 130 : 40, c.S = S, c.E = 40, c.Ev = 24;
-      c.mask = Case::Mask::additive;
-      c.mask_shape = {c.L, c.S};
-      c.causal = Causal::bottom_right;
-      c.dropout_p = 0.3;
-      Inputs in = make_inputs(c, 12);
-      const Tensor g = random_grad_output(in.qv(), in.vv(), 3);
-      std::vector<BackwardResult> results;
-      for (int threads : {1, 2, 3}) {
-        in.options.num_threads = threads;
-        results.push_back(forward_backward(in.qv(), in.kv(), in.vv(), g.view(), in.options, true));
+    for (std::int64_t S : {257, 5000})  // 5000 keys: with 2 or 3 threads, two key chunks, then dQ in a pass of its own
+      for (std::int64_t window_left : {-1, 1500}) {
+        Case c;
+        c.dtype = dtype;
+        c.heads_q = 4, c.heads_kv = 2, c.L = S == 257 ? 130 : 40, c.S = S, c.E = 40, c.Ev = 24;
+        c.mask = Case::Mask::additive;
+        c.mask_shape = {c.L, c.S};
+        c.causal = Causal::bottom_right;
+        c.dropout_p = 0.3;
+        Inputs in = make_inputs(c, 12);
+        in.options.window_left = window_left;
+        const Tensor g = random_grad_output(in.qv(), in.vv(), 3);
+        std::vector<BackwardResult> results;
+        for (int threads : {1, 2, 3}) {
+          in.options.num_threads = threads;
+          results.push_back(forward_backward(in.qv(), in.kv(), in.vv(), g.view(), in.options, true));
+        }
+        for (std::size_t r = 1; r < results.size(); ++r) {
+          SCOPED_TRACE(c.name());
+          EXPECT_TRUE(bitwise_equal(results[0].grad_query, results[r].grad_query));
+          EXPECT_TRUE(bitwise_equal(results[0].grad_key, results[r].grad_key));
+          EXPECT_TRUE(bitwise_equal(results[0].grad_value, results[r].grad_value));
+          EXPECT_TRUE(bitwise_equal(results[0].grad_mask, results[r].grad_mask));
+        }
       }
-      for (std::size_t r = 1; r < results.size(); ++r) {
-        SCOPED_TRACE(c.name());
-        EXPECT_TRUE(bitwise_equal(results[0].grad_query, results[r].grad_query));
-        EXPECT_TRUE(bitwise_equal(results[0].grad_key, results[r].grad_key));
-        EXPECT_TRUE(bitwise_equal(results[0].grad_value, results[r].grad_value));
-        EXPECT_TRUE(bitwise_equal(results[0].grad_mask, results[r].grad_mask));
-      }
-    }
 }
 
 // Few (batch, KV head) pairs and long keys: the keys are split into chunks for dK and dV,
