@@ -1,6 +1,7 @@
 // Entry points: validate once, then dispatch to a backend.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "api/validate.h"
 #include "cpu/forward.h"
@@ -11,15 +12,16 @@ namespace sdpa {
 
 namespace {
 
-void run(const detail::Problem& problem, Backend backend) {
-  if (problem.batch * problem.heads_q * problem.L == 0) return;  // no rows to compute
+// The problems of one call: one, or a varlen or paged call's sequences.
+void run(const std::vector<detail::Problem>& problems, Backend backend) {
   switch (backend) {
     case Backend::reference:
-      detail::reference_forward(problem);
+      for (const detail::Problem& problem : problems)
+        if (problem.batch * problem.heads_q * problem.L > 0) detail::reference_forward(problem);
       return;
     case Backend::automatic:
     case Backend::cpu:
-      detail::cpu_forward(problem);
+      detail::cpu_forward(problems.data(), static_cast<std::int64_t>(problems.size()));
       return;
   }
 }
@@ -42,7 +44,7 @@ ForwardResult allocate(const detail::OutputShapes& shapes, Returns returns, Forw
 void forward(const TensorView& query, const TensorView& key, const TensorView& value,
              const ForwardOutputs& outputs, const Options& options) {
   const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
-  run(detail::make_problem(inputs, outputs), options.backend);
+  run({detail::make_problem(inputs, outputs)}, options.backend);
 }
 
 ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -63,12 +65,11 @@ ForwardResult forward(const TensorView& query, const TensorView& key, const Tens
   return result;
 }
 
-// Packed and paged calls: every sequence checked first, then each run as a problem of
-// its own (no work on padding; a sequence's threads stay within it).
+// Packed and paged calls: every sequence checked first, then each a problem of its own
+// (no work on padding), all in one parallel region.
 void forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
                     const VarlenSequences& sequences, const ForwardOutputs& outputs, const Options& options) {
-  for (const detail::Problem& problem : detail::make_varlen_problems(query, key, value, sequences, outputs, options))
-    run(problem, options.backend);
+  run(detail::make_varlen_problems(query, key, value, sequences, outputs, options), options.backend);
 }
 
 ForwardResult forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -81,8 +82,7 @@ ForwardResult forward_varlen(const TensorView& query, const TensorView& key, con
 
 void forward_paged(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
                    const Options& options) {
-  for (const detail::Problem& problem : detail::make_paged_problems(query, cache, outputs, options))
-    run(problem, options.backend);
+  run(detail::make_paged_problems(query, cache, outputs, options), options.backend);
 }
 
 ForwardResult forward_paged(const TensorView& query, const PagedKV& cache, const Options& options, Returns returns) {

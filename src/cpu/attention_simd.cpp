@@ -452,58 +452,100 @@ std::int64_t KeySplits(const Problem& p, std::int64_t tasks) {
   return std::min((kTargetTasks + tasks - 1) / tasks, p.S / kMinKeysPerSplit);
 }
 
-void ForwardFloat32(const Problem& p) {
+// One problem's share of a call's tasks: tiles of rows per KV head, key splits, and where
+// its tasks and split states start in the call's numbering.
+struct Plan {
+  const Problem* p;
+  std::int64_t group_rows, tiles, tasks, splits, split_keys;
+  std::int64_t first_unit;   // its first (task, split) in the call's numbering
+  std::int64_t first_merge;  // its first task in the merge pass (splits > 1 only)
+  std::int64_t first_state;  // its first float in the call's split states
+};
+
+// The problems of one call (one, or a varlen or paged call's sequences: the same dtype,
+// E and Ev) in one parallel region, so that many short sequences keep the threads busy
+// without a thread team's start per sequence. Each problem's key splits are its own, as
+// if it ran alone: results are bitwise those of running it alone, for any thread count.
+void ForwardFloat32(const Problem* problems, std::int64_t count) {
+  if (count == 0) return;
+  const Problem& first = problems[0];
   const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
-  const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
-  const std::int64_t tiles = (group_rows + rows_per_task - 1) / rows_per_task;
-  const std::int64_t tasks = p.batch * p.heads_kv * tiles;
-  const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && bf16::supported();
-  const std::int64_t splits = KeySplits(p, tasks);
-  // Keys per split, whole tiles: the last split takes the rest.
-  const std::int64_t split_keys = (p.S / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
-  const int threads = p.threads(omp_get_max_threads());
-  // (m, l, Oᵀ) per (task, split) when splitting; aligned for whole-vector loads.
-  const std::int64_t state_size = kSubtiles * StateSize(p);  // one task's rows, one split
+  const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 && bf16::supported();
+  const std::int64_t state_size = kSubtiles * StateSize(first);  // one task's rows, one split
+  std::vector<Plan> plans;
+  std::int64_t units = 0, merges = 0, state_floats = 0;
+  int threads = 1;
+  for (std::int64_t n = 0; n < count; ++n) {
+    const Problem& p = problems[n];
+    if (p.batch * p.heads_q * p.L == 0) continue;  // no rows
+    Plan plan{&p, (p.heads_q / p.heads_kv) * p.L, 0, 0, 1, 0, units, merges, state_floats};
+    plan.tiles = (plan.group_rows + rows_per_task - 1) / rows_per_task;
+    plan.tasks = p.batch * p.heads_kv * plan.tiles;
+    plan.splits = KeySplits(p, plan.tasks);
+    // Keys per split, whole tiles: the last split takes the rest.
+    plan.split_keys = (p.S / plan.splits + kKeyTile - 1) / kKeyTile * kKeyTile;
+    units += plan.tasks * plan.splits;
+    if (plan.splits > 1) {
+      merges += plan.tasks;
+      state_floats += plan.tasks * plan.splits * state_size;
+    }
+    threads = std::max(threads, p.threads(omp_get_max_threads()));
+    plans.push_back(plan);
+  }
+  if (plans.empty()) return;
+  // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
   const hwy::AlignedFreeUniquePtr<float[]> states =
-      hwy::AllocateAligned<float>(splits > 1 ? tasks * splits * state_size : 1);
+      hwy::AllocateAligned<float>(std::max<std::int64_t>(state_floats, 1));
+  // The plan of unit u (or merge task u): the last whose first is <= u.
+  auto plan_of = [&](std::int64_t u, std::int64_t Plan::*first_of) -> const Plan& {
+    const auto it = std::upper_bound(plans.begin(), plans.end(), u,
+                                     [first_of](std::int64_t x, const Plan& plan) { return x < plan.*first_of; });
+    return *(it - 1);
+  };
+  // Task t of a plan: its batch, KV head and first row. Causal: the last (costliest) tiles
+  // go first, so that dynamic scheduling ends balanced.
+  auto locate = [rows_per_task](const Plan& plan, std::int64_t t, std::int64_t* b, std::int64_t* head_kv,
+                                std::int64_t* row0) {
+    *head_kv = (t / plan.tiles) % plan.p->heads_kv;
+    *b = t / (plan.tiles * plan.p->heads_kv);
+    *row0 = (plan.tiles - 1 - t % plan.tiles) * rows_per_task;
+  };
 
   // Each task owns its rows of every output and computes them the same way whichever
-  // thread runs it: bitwise the same results for any thread count. Causal: the last
-  // (costliest) tiles go first, so that dynamic scheduling ends balanced.
-#pragma omp parallel num_threads(threads) if (tasks * splits > 1)
+  // thread runs it: bitwise the same results for any thread count.
+#pragma omp parallel num_threads(threads) if (units > 1)
   {
-    Scratch scratch(p, bf16_path);
-    Task task(p, scratch, bf16_path);
-    auto locate = [&](std::int64_t t, std::int64_t* b, std::int64_t* head_kv, std::int64_t* row0) {
-      const std::int64_t tile = tiles - 1 - t % tiles;
-      *head_kv = (t / tiles) % p.heads_kv;
-      *b = t / (tiles * p.heads_kv);
-      *row0 = tile * rows_per_task;
-    };
-    if (splits == 1) {
+    Scratch scratch(first, bf16_path);
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t t = 0; t < tasks; ++t) {
-        std::int64_t b, head_kv, row0;
-        locate(t, &b, &head_kv, &row0);
-        task.Run(b, head_kv, row0, std::min(rows_per_task, group_rows - row0));
+    for (std::int64_t u = 0; u < units; ++u) {
+      const Plan& plan = plan_of(u, &Plan::first_unit);
+      Task task(*plan.p, scratch, bf16_path);
+      const std::int64_t t = (u - plan.first_unit) / plan.splits, split = (u - plan.first_unit) % plan.splits;
+      std::int64_t b, head_kv, row0;
+      locate(plan, t, &b, &head_kv, &row0);
+      const std::int64_t rows = std::min(rows_per_task, plan.group_rows - row0);
+      if (plan.splits == 1) {
+        task.Run(b, head_kv, row0, rows);
+        continue;
       }
-    } else {
+      const std::int64_t key_begin = split * plan.split_keys;
+      const std::int64_t key_end =
+          split == plan.splits - 1 ? plan.p->S : std::min(plan.p->S, key_begin + plan.split_keys);
+      task.Attend(b, head_kv, row0, rows, key_begin, key_end);
+      task.SaveState(states.get() + plan.first_state + (t * plan.splits + split) * state_size);
+    }
+    if (merges > 0) {
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t ts = 0; ts < tasks * splits; ++ts) {
+      for (std::int64_t m = 0; m < merges; ++m) {
+        // Merge tasks number only the problems that split (one that does not adds none,
+        // so the last plan starting at or before m is one that splits).
+        const Plan& plan = plan_of(m, &Plan::first_merge);
+        Task task(*plan.p, scratch, bf16_path);
+        const std::int64_t t = m - plan.first_merge;
         std::int64_t b, head_kv, row0;
-        const std::int64_t t = ts / splits, split = ts % splits;
-        locate(t, &b, &head_kv, &row0);
-        const std::int64_t key_begin = split * split_keys;
-        const std::int64_t key_end = split == splits - 1 ? p.S : std::min(p.S, key_begin + split_keys);
-        task.Attend(b, head_kv, row0, std::min(rows_per_task, group_rows - row0), key_begin, key_end);
-        task.SaveState(states.get() + ts * state_size);
-      }
-#pragma omp for schedule(dynamic, 1)
-      for (std::int64_t t = 0; t < tasks; ++t) {
-        std::int64_t b, head_kv, row0;
-        locate(t, &b, &head_kv, &row0);
-        task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, group_rows - row0),
-                           states.get() + t * splits * state_size, splits);
+        locate(plan, t, &b, &head_kv, &row0);
+        task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, plan.group_rows - row0),
+                           states.get() + plan.first_state + t * plan.splits * state_size, plan.splits);
       }
     }
   }
@@ -522,7 +564,9 @@ namespace sdpa::detail {
 HWY_EXPORT(ForwardFloat32);
 HWY_EXPORT(TargetName);
 
-void simd_forward_float32(const Problem& problem) { HWY_DYNAMIC_DISPATCH(ForwardFloat32)(problem); }
+void simd_forward_float32(const Problem* problems, std::int64_t count) {
+  HWY_DYNAMIC_DISPATCH(ForwardFloat32)(problems, count);
+}
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

@@ -6,7 +6,9 @@
 
 namespace sdpa::detail {
 
-void simd_forward_float32(const Problem& problem);
+// The problems of one call (one, or a varlen or paged call's sequences, sharing dtype, E
+// and Ev), in one parallel region.
+void simd_forward_float32(const Problem* problems, std::int64_t count);
 
 // The Highway target the dispatcher picked on this machine ("AVX3", "AVX2", ...).
 const char* simd_target_name();

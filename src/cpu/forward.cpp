@@ -195,11 +195,14 @@ void run(const Problem& p) {
 
 }  // namespace
 
-void cpu_forward(const Problem& problem) {
-  if (problem.float64)
-    run<double>(problem);  // float64 accumulates in float64: the portable tiled path
-  else
-    simd_forward_float32(problem);
+void cpu_forward(const Problem* problems, std::int64_t count) {
+  if (count > 0 && problems[0].float64) {
+    for (std::int64_t n = 0; n < count; ++n)
+      if (problems[n].batch * problems[n].heads_q * problems[n].L > 0)
+        run<double>(problems[n]);  // float64 accumulates in float64: the portable tiled path
+  } else {
+    simd_forward_float32(problems, count);
+  }
 }
 
 std::string cpu_kernel_name() {

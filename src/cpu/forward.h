@@ -8,7 +8,9 @@
 
 namespace sdpa::detail {
 
-void cpu_forward(const Problem& problem);
+// The problems of one call: one, or a varlen or paged call's sequences (the same dtype,
+// E and Ev).
+void cpu_forward(const Problem* problems, std::int64_t count);
 
 // Name of the kernel cpu_forward() runs on this machine (for `sdpa info`).
 std::string cpu_kernel_name();

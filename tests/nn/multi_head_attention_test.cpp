@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+
+#include <unistd.h>
 
 #include "io/safetensors.h"
 #include "reference_mha.h"
@@ -338,7 +341,16 @@ TEST(MultiHeadAttentionTest, LoadStateDictChecksEverythingBeforeChangingAnything
 class SafetensorsLayerTest : public ::testing::Test {
  protected:
   void TearDown() override { std::filesystem::remove(path_); }
-  std::string path_ = (std::filesystem::temp_directory_path() / "sdpa_mha_test.safetensors").string();
+  // One file per test and process: ctest runs this fixture's tests in parallel.
+  static std::string unique_path() {
+    std::string name = "sdpa_mha_test_";  // appended piecewise: GCC 12's -Wrestrict (PR105329)
+    name += ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    name += '_';
+    name += std::to_string(::getpid());
+    name += ".safetensors";
+    return (std::filesystem::temp_directory_path() / name).string();
+  }
+  std::string path_ = unique_path();
 };
 
 TEST_F(SafetensorsLayerTest, SavedWeightsLoadBackBitwise) {
