@@ -98,10 +98,15 @@ struct Problem {
   // Threads for a kernel: num_threads (0 = `default_threads`), or 1 for a problem so small
   // that waking a thread team costs more than it saves (tens of µs on a loaded machine
   // against a few µs of work). Results do not depend on the thread count.
-  int threads(int default_threads) const {
-    constexpr double kSerialWork = 1 << 20;  // multiply-adds of Q Kᵀ and P V
-    const double work = static_cast<double>(batch * heads_q) * static_cast<double>(L) * static_cast<double>(S) *
-                        static_cast<double>(E + Ev);
+  int threads(int default_threads) const { return threads_for(work(), num_threads, default_threads); }
+  // Multiply-adds of Q Kᵀ and P V.
+  double work() const {
+    return static_cast<double>(batch * heads_q) * static_cast<double>(L) * static_cast<double>(S) *
+           static_cast<double>(E + Ev);
+  }
+  // The same for `work` multiply-adds in all (a varlen or paged call's sequences).
+  static int threads_for(double work, int num_threads, int default_threads) {
+    constexpr double kSerialWork = 1 << 20;
     if (work < kSerialWork) return 1;
     return num_threads > 0 ? num_threads : default_threads;
   }

@@ -474,7 +474,7 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
   const std::int64_t state_size = kSubtiles * StateSize(first);  // one task's rows, one split
   std::vector<Plan> plans;
   std::int64_t units = 0, merges = 0, state_floats = 0;
-  int threads = 1;
+  double work = 0;
   for (std::int64_t n = 0; n < count; ++n) {
     const Problem& p = problems[n];
     if (p.batch * p.heads_q * p.L == 0) continue;  // no rows
@@ -489,10 +489,11 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
       merges += plan.tasks;
       state_floats += plan.tasks * plan.splits * state_size;
     }
-    threads = std::max(threads, p.threads(omp_get_max_threads()));
+    work += p.work();
     plans.push_back(plan);
   }
   if (plans.empty()) return;
+  const int threads = Problem::threads_for(work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
   const hwy::AlignedFreeUniquePtr<float[]> states =
       hwy::AllocateAligned<float>(std::max<std::int64_t>(state_floats, 1));
