@@ -61,19 +61,22 @@ ForwardResult forward(const TensorView& query, const TensorView& key,
 //   P  = exp(Q Kᵀ · scale + mask − lse)     recomputed, never stored whole
 //   W  = P ∘ Z                               Z = keep/(1−p): the forward's dropout mask
 //   dV = Wᵀ dO,   dP = (dO Vᵀ) ∘ Z,   D = rowsum(dO ∘ O)
-//   dS = P ∘ (dP − D)
+//   dS = P ∘ (dP − D + dlse)              dlse: the gradient of the returned lse, if any
 //   dQ = scale · dS K,   dK = scale · dSᵀ Q,   dmask = dS (summed over broadcast dims)
 // GQA: dK and dV of a KV head sum over the query heads of its group.
 
 // What backward() reads. query, key, value and the options (mask, causal, scale,
 // dropout seed and offset) must be those of the forward call; output and lse are what
 // it returned (lse as ForwardOutputs::lse: float32, float64 for float64 inputs).
-// grad_output is dL/d(output). All read-only, any strides (stride 0 included).
+// grad_output is dL/d(output); grad_lse, when the loss also depends on the returned lse
+// (merging partial attentions, ring attention), is dL/d(lse), the lse's shape and dtype
+// (∂lse_i/∂s_ij = P_ij). All read-only, any strides (stride 0 included).
 struct BackwardInputs {
   TensorView query, key, value;
   TensorView output;       // (..., Hq, L, Ev), dtype of the query
   TensorView lse;          // (..., Hq, L)
   TensorView grad_output;  // (..., Hq, L, Ev), dtype of the query
+  std::optional<TensorView> grad_lse = std::nullopt;  // (..., Hq, L), dtype of lse
 };
 
 // Caller-provided buffers for backward(), each the shape and dtype of what it is the

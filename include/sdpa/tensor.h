@@ -23,7 +23,7 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::float32;
   std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
+  std::vector<std::int64_t> strides = {};
 
   std::size_t rank() const { return shape.size(); }
   // Product of the shape; 1 for rank 0. Throws sdpa::Error if it overflows int64.

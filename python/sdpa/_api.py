@@ -327,7 +327,8 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
 
     Autograd: torch inputs that require grad (grad mode on) get gradients from sdpa's own
     backward, dropout mask included, and so does a float mask that requires grad; it works
-    under torch.compile. The lse is returned without a gradient.
+    under torch.compile. The lse is differentiable too (a loss that merges partial
+    attentions by their lse gets its gradient).
 
     Raises:
         TypeError: a wrong dtype, or inputs of mixed frameworks.

@@ -15,7 +15,8 @@ pair works under torch.autograd, torch.autograd.gradcheck and torch.compile alik
 backward is the C++ library's (FlashAttention-2's recomputation from the log-sum-exp,
 docs/semantics.md "Backward"): it regenerates the forward's dropout mask from the same
 Philox seed, sums dK and dV over a GQA group, and gives a float mask its gradient (summed
-over the dims it broadcasts along). The log-sum-exp output is not differentiable.
+over the dims it broadcasts along). The log-sum-exp output is differentiable too (its
+gradient adds P · dlse to dS), for losses that merge partial attentions by their lse.
 
 sdpa.attention, sdpa.scaled_dot_product_attention and sdpa.varlen_attention route torch
 tensors here when a gradient is wanted (an input requires grad and grad mode is on) or when
@@ -45,6 +46,11 @@ def _to_uint64(seed: int) -> int:
 
 def _lse_dtype(query: torch.Tensor) -> torch.dtype:
     return torch.float64 if query.dtype == torch.float64 else torch.float32
+
+
+def _lse_gradient(grad_lse: Optional[torch.Tensor], lse: torch.Tensor) -> Optional[torch.Tensor]:
+    """dL/d(lse) in lse's dtype, readable by the library; None when the loss did not use it."""
+    return None if grad_lse is None else _readable(grad_lse).to(lse.dtype)
 
 
 def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -86,9 +92,11 @@ def attention_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torc
                        mask: Optional[torch.Tensor], output: torch.Tensor, lse: torch.Tensor, causal: str,
                        scale: Optional[float], dropout_p: float, seed: int, mask_gradient: bool, mask_name: str,
                        window_left: int = -1, window_right: int = -1, alignment: str = "none",
-                       alibi_slopes: Optional[torch.Tensor] = None,
-                       softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dmask) of one attention call; dmask is empty unless `mask_gradient`."""
+                       alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                       grad_lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
+    """(dq, dk, dv, dmask) of one attention call; dmask is empty unless `mask_gradient`.
+    `grad_lse`, when the loss used the returned lse too, is its gradient."""
     dq = torch.empty(query.shape, dtype=query.dtype)
     dk = torch.empty(key.shape, dtype=key.dtype)
     dv = torch.empty(value.shape, dtype=value.dtype)
@@ -98,13 +106,13 @@ def attention_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torc
     _core.backward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(output),
                    _readable(lse), grad_output, dq, dk, dv, dmask if mask_gradient else None, causal, scale,
                    dropout_p, _to_uint64(seed), 0, 0, "automatic", mask_name, window_left, window_right, alignment,
-                   _readable(alibi_slopes), softcap)
+                   _readable(alibi_slopes), softcap, _lse_gradient(grad_lse, lse))
     return dq, dk, dv, dmask
 
 
 @attention_backward.register_fake
 def _(grad_output, query, key, value, mask, output, lse, causal, scale, dropout_p, seed, mask_gradient, mask_name,
-      window_left=-1, window_right=-1, alignment="none", alibi_slopes=None, softcap=0.0):
+      window_left=-1, window_right=-1, alignment="none", alibi_slopes=None, softcap=0.0, grad_lse=None):
     dmask = mask.new_empty(mask.shape) if mask_gradient else query.new_empty(0)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
 
@@ -117,7 +125,8 @@ def _setup_context(ctx, inputs, output):
     ctx.options = (causal, scale, dropout_p, seed)
     ctx.extras = (window_left, window_right, alignment, softcap)
     ctx.mask_name = mask_name
-    ctx.mark_non_differentiable(lse)
+    # Unused outputs' gradients arrive as None (not zeros): no lse gradient costs nothing.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, grad_lse):
@@ -125,9 +134,11 @@ def _backward(ctx, grad_output, grad_lse):
     causal, scale, dropout_p, seed = ctx.options
     window_left, window_right, alignment, softcap = ctx.extras
     mask_gradient = mask is not None and mask.dtype != torch.bool and ctx.needs_input_grad[3]
+    if grad_output is None:  # the loss used only the lse
+        grad_output = torch.zeros_like(out)
     dq, dk, dv, dmask = attention_backward(grad_output, query, key, value, mask, out, lse, causal, scale, dropout_p,
                                            seed, mask_gradient, ctx.mask_name, window_left, window_right, alignment,
-                                           alibi_slopes, softcap)
+                                           alibi_slopes, softcap, grad_lse)
     # The options, alibi_slopes included, get no gradient.
     return (dq, dk, dv, (dmask if mask_gradient else None)) + (None,) * 10
 
@@ -184,9 +195,10 @@ def _(query, key, value, cu_seqlens_q, cu_seqlens_k, causal, scale, dropout_p, s
 def varlen_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, output: torch.Tensor, lse: torch.Tensor,
                     causal: str, scale: Optional[float], dropout_p: float, seed: int, window_left: int,
-                    window_right: int, alignment: str, alibi_slopes: Optional[torch.Tensor],
-                    softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of one varlen call, each the shape of what it is the gradient of."""
+                    window_right: int, alignment: str, alibi_slopes: Optional[torch.Tensor], softcap: float,
+                    grad_lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of one varlen call, each the shape of what it is the gradient of; `grad_lse`
+    as in attention_backward."""
     dq = torch.empty(query.shape, dtype=query.dtype)
     dk = torch.empty(key.shape, dtype=key.dtype)
     dv = torch.empty(value.shape, dtype=value.dtype)
@@ -196,13 +208,13 @@ def varlen_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torch.T
                           _readable(output).transpose(0, 1), _readable(lse), grad_output.transpose(0, 1),
                           dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1), causal, scale, dropout_p,
                           _to_uint64(seed), 0, 0, "automatic", window_left, window_right, alignment,
-                          _readable(alibi_slopes), softcap)
+                          _readable(alibi_slopes), softcap, _lse_gradient(grad_lse, lse))
     return dq, dk, dv
 
 
 @varlen_backward.register_fake
 def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, output, lse, causal, scale, dropout_p, seed,
-      window_left, window_right, alignment, alibi_slopes, softcap):
+      window_left, window_right, alignment, alibi_slopes, softcap, grad_lse=None):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
@@ -213,13 +225,15 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.save_for_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes)
     ctx.options = (causal, scale, dropout_p, seed, window_left, window_right, alignment)
     ctx.softcap = softcap
-    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # as attention_forward's
 
 
 def _varlen_backward(ctx, grad_output, grad_lse):
     query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes = ctx.saved_tensors
+    if grad_output is None:  # the loss used only the lse
+        grad_output = torch.zeros_like(out)
     dq, dk, dv = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, *ctx.options,
-                                 alibi_slopes, ctx.softcap)
+                                 alibi_slopes, ctx.softcap, grad_lse)
     return (dq, dk, dv) + (None,) * 11
 
 

@@ -222,12 +222,13 @@ void backward(const Input& query, const Input& key, const Input& value, const st
               const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
               std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name,
               std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
-              const std::optional<Input>& alibi_slopes, double softcap) {
+              const std::optional<Input>& alibi_slopes, double softcap, const std::optional<Input>& grad_lse) {
   sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
                                      window_right, alignment, alibi_slopes, softcap);
-  const sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
-                                    view_of(value, "value"), view_of(output, "output"),
-                                    view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
+                              view_of(value, "value"), view_of(output, "output"),
+                              view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
                                 view_of(grad_value, "grad_value"), std::nullopt};
@@ -277,14 +278,15 @@ void backward_varlen(const Input& query, const Input& key, const Input& value, c
                      const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
                      std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
                      std::int64_t window_right, const std::string& alignment, const std::optional<Input>& alibi_slopes,
-                     double softcap) {
+                     double softcap, const std::optional<Input>& grad_lse) {
   const sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
                                            window_right, alignment, alibi_slopes, softcap);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
-  const sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
-                                    view_of(value, "value"), view_of(output, "output"),
-                                    view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
+                              view_of(value, "value"), view_of(output, "output"),
+                              view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
   const sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
                                       view_of(grad_value, "grad_value"), std::nullopt};
   try {
@@ -360,7 +362,7 @@ NB_MODULE(_core, m) {
         nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"),
         nb::arg("backend"), nb::arg("mask_name"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         nb::arg("alignment") = "none", nb::arg("alibi_slopes").noconvert().none() = nb::none(),
-        nb::arg("softcap") = 0.0,
+        nb::arg("softcap") = 0.0, nb::arg("grad_lse").noconvert().none() = nb::none(),
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
 
   m.def("forward_varlen", &forward_varlen, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
@@ -379,6 +381,7 @@ NB_MODULE(_core, m) {
         nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
         nb::arg("num_threads"), nb::arg("backend"), nb::arg("window_left"), nb::arg("window_right"),
         nb::arg("alignment"), nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+        nb::arg("grad_lse").noconvert().none() = nb::none(),
         "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
 
   m.def("forward_paged", &forward_paged, nb::arg("query").noconvert(), nb::arg("key_pages").noconvert(),

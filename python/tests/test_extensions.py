@@ -339,6 +339,37 @@ def test_gradcheck_scaled_dot_product_attention_with_extensions():
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
+# --- the log-sum-exp's gradient ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{}, dict(causal="top_left", window_size=(3, 0), softcap=5.0),
+                                dict(causal="bottom_right", alibi_slopes=[0.5, 0.25, 0.125, 0.0625], dropout_p=0.2,
+                                     seed=3)])
+def test_lse_is_differentiable(kw):
+    """A loss may use the returned lse (merging partial attentions): its gradient flows,
+    alone or with the output's, and equals the oracle's (torch.logsumexp's autograd)."""
+    q, k, v = _f64(2, 4, 5, 3, seed=1), _f64(2, 2, 7, 3, seed=2), _f64(2, 2, 7, 4, seed=3)
+    both = lambda q, k, v: sdpa.attention(q, k, v, return_lse=True, **kw)
+    assert torch.autograd.gradcheck(both, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    assert torch.autograd.gradcheck(lambda q, k, v: both(q, k, v)[1], (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    if "dropout_p" in kw:
+        return  # the oracle has no dropout; gradcheck above covers it
+    g = torch.randn(2, 4, 5, dtype=F64, generator=torch.Generator().manual_seed(4))
+    slopes = None if "alibi_slopes" not in kw else torch.tensor(kw["alibi_slopes"], dtype=F64)
+    _, _, want_lse = oracle.extended_attention(q, k, v, causal=kw.get("causal"), window=kw.get("window_size", (-1, -1)),
+                                               slopes=slopes, softcap=kw.get("softcap", 0.0))
+    want = torch.autograd.grad((want_lse * g).sum(), (q, k, v), allow_unused=True)  # lse does not read V
+    got = torch.autograd.grad((both(q, k, v)[1] * g).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        assert (a - (torch.zeros_like(a) if b is None else b)).abs().max() < 1e-12
+
+
+def test_varlen_lse_is_differentiable():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q, k, v = _f64(5, 4, 3, seed=1), _f64(5, 2, 3, seed=2), _f64(5, 2, 3, seed=3)
+    f = lambda q, k, v: sdpa.varlen_attention(q, k, v, cu, cu, causal="bottom_right", return_lse=True)
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
 # --- varlen ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass

@@ -306,7 +306,8 @@ std::vector<Span> input_spans_of(const CheckedInputs& in) {
   return spans;
 }
 
-// A backward's read-only tensors besides Q, K, V: the forward's output and lse, and dO.
+// A backward's read-only tensors besides Q, K, V: the forward's output and lse, dO, and
+// dlse when given.
 // Any strides (an expanded dO of ones is what autograd hands over for a sum), but the
 // shapes and dtypes the forward gives. Adds their spans to `input_spans`.
 void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape,
@@ -320,7 +321,9 @@ void check_backward_reads(const BackwardInputs& tensors, const Shape& output_sha
   const Read reads[] = {{&tensors.output, "output", &output_shape, dtype},
                         {&tensors.lse, "lse", &lse_shape, lse_dtype},
                         {&tensors.grad_output, "grad_output", &output_shape, dtype}};
-  for (const Read& r : reads) {
+  std::vector<Read> all(std::begin(reads), std::end(reads));
+  if (tensors.grad_lse) all.push_back({&*tensors.grad_lse, "grad_lse", &lse_shape, lse_dtype});
+  for (const Read& r : all) {
     if (r.view->dtype != r.dtype)
       fail(r.name, std::string("expected dtype ") + dtype_name(r.dtype) + ", got " + dtype_name(r.view->dtype),
            ErrorKind::type);
@@ -436,6 +439,7 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
   static_cast<Problem&>(p) = resolve_inputs(in);
   p.output = make_operand(tensors.output, in.batch_shape, in.heads_q, tensors.output.effective_strides());
   p.lse = lse_operand(tensors.lse, in);
+  if (tensors.grad_lse) p.grad_lse = lse_operand(*tensors.grad_lse, in);
   p.grad_output =
       make_operand(tensors.grad_output, in.batch_shape, in.heads_q, tensors.grad_output.effective_strides());
   p.grad_query = make_operand(outputs.grad_query, in.batch_shape, in.heads_q, outputs.grad_query.effective_strides());
@@ -645,6 +649,7 @@ std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs
     BackwardInputs sequence{sequence_view(inputs.query, q0, L),  sequence_view(inputs.key, k0, S),
                             sequence_view(inputs.value, k0, S),  sequence_view(inputs.output, q0, L),
                             sequence_view(inputs.lse, q0, L),    sequence_view(inputs.grad_output, q0, L)};
+    if (inputs.grad_lse) sequence.grad_lse = sequence_view(*inputs.grad_lse, q0, L);
     BackwardOutputs gradients{sequence_view(outputs.grad_query, q0, L), sequence_view(outputs.grad_key, k0, S),
                               sequence_view(outputs.grad_value, k0, S), std::nullopt};
     const Options sequence_opts = sequence_options(options, static_cast<std::int64_t>(b));

@@ -10,6 +10,7 @@ namespace sdpa::detail {
 // forward returned) instead of written, plus the gradients.
 struct BackwardProblem : Problem {
   Operand grad_output;  // dO, matrices indexed like the query
+  Operand grad_lse;     // absent unless given; like lse (row = query index, col unused)
   Operand grad_query;   // written: matrices like the query
   Operand grad_key;     // written: matrices like the key
   Operand grad_value;   // written: matrices like the value

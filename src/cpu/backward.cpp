@@ -60,7 +60,7 @@ void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::
     for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
 }
 
-// Q, dO, lse and D = rowsum(dO ∘ O) of query rows [i0, i0+rows) of matrix qm.
+// Q, dO, lse and D = rowsum(dO ∘ O) (− dlse) of query rows [i0, i0+rows) of matrix qm.
 template <class T>
 void pack_queries(const BackwardProblem& p, Scratch<T>& s, std::int64_t qm, std::int64_t i0, std::int64_t rows) {
   pack_rows<T>(p.query, qm, i0, rows, p.E, s.q.data());
@@ -69,6 +69,8 @@ void pack_queries(const BackwardProblem& p, Scratch<T>& s, std::int64_t qm, std:
     s.lse[r] = p.lse.load<T>(qm, i0 + r, 0);
     T d = 0;
     for (std::int64_t c = 0; c < p.Ev; ++c) d += s.dout[r * p.Ev + c] * p.output.load<T>(qm, i0 + r, c);
+    // A gradient of the returned lse adds P · dlse to dS: D − dlse in dS = P (dP − D).
+    if (p.grad_lse.present()) d -= p.grad_lse.load<T>(qm, i0 + r, 0);
     s.D[r] = d;
   }
 }

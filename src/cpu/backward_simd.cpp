@@ -230,6 +230,8 @@ class Task {
           t.dot[e * R + r] = do_row[e];
           d += static_cast<double>(do_row[e]) * buffer[e];
         }
+        // A gradient of the returned lse adds P · dlse to dS: D − dlse in dS = P (dP − D).
+        if (p_.grad_lse.present()) d -= p_.grad_lse.load<double>(row.matrix, row.i, 0);
         t.D[r] = static_cast<float>(d);
         const double lse = p_.lse.load<double>(row.matrix, row.i, 0);
         // A fully masked row (lse = −inf) gets +inf: 2^(s − inf) = 0 for every score.

@@ -12,7 +12,8 @@
 //   dC_j = dS_j · (1 − tanh²) with softcap, else dS_j       (dmask_j = dS_j: added after the cap)
 //   dq   = scale · Σ_j dC_j k_j      dK_j += scale · dC_j q
 // Σ_k P_k dP_k is the D = rowsum(dO ∘ O) of FlashAttention, computed here from its
-// definition rather than from O.
+// definition rather than from O. A gradient of the returned lse adds P_j · dlse to dS_j
+// (∂lse/∂s_j = P_j): D becomes D − dlse.
 #include "reference/backward.h"
 
 #include <cmath>
@@ -62,6 +63,7 @@ void reference_backward(const BackwardProblem& p) {
           dprobs[static_cast<std::size_t>(j)] = dw * keep[static_cast<std::size_t>(j)];
           D += probs[static_cast<std::size_t>(j)] * dprobs[static_cast<std::size_t>(j)];
         }
+        if (p.grad_lse.present()) D -= p.grad_lse.load<double>(qm, i, 0);
         for (std::size_t j = 0; j < S; ++j) dscores[j] = fully_masked ? 0.0 : probs[j] * (dprobs[j] - D);
 
         // dq = scale Σ_j dS_j k_j;  dK_j += scale dS_j q;  dV_j += W_j dO_i;  dmask = dS.

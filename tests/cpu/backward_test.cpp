@@ -580,5 +580,89 @@ TEST(CpuBackward, EveryTargetMatchesOracle) {
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
+// The loss may use the returned lse too (merging partial attentions, ring attention):
+// L = Σ gO ∘ O + Σ gL ∘ lse. The oracle's gradients against central differences of that
+// loss in float64, then the CPU paths (float64 portable, float32 SIMD, one key chunk and
+// two) against the oracle, with a window, ALiBi and softcap.
+TEST(CpuBackward, LseGradientMatchesFiniteDifferencesAndOracle) {
+  std::mt19937_64 rng(31);
+  Tensor q = random_tensor(DType::float64, {1, 4, 6, 5}, rng), k = random_tensor(DType::float64, {1, 2, 9, 5}, rng),
+         v = random_tensor(DType::float64, {1, 2, 9, 3}, rng);
+  const Tensor g_out = random_tensor(DType::float64, {1, 4, 6, 3}, rng),
+               g_lse = random_tensor(DType::float64, {1, 4, 6}, rng);
+  Tensor slopes(DType::float64, {4});
+  for (std::int64_t h = 0; h < 4; ++h) slopes.set(h, 0.3 / static_cast<double>(h + 1));
+  Options options;
+  options.backend = Backend::reference;
+  options.causal = Causal::bottom_right;
+  options.window_left = 4;
+  options.softcap = 2.0;
+  options.alibi_slopes = slopes.view();
+  const auto loss = [&] {
+    const ForwardResult f = forward(q.view(), k.view(), v.view(), options, {.lse = true});
+    return dot(f.output, g_out) + dot(f.lse, g_lse);
+  };
+  const ForwardResult f = forward(q.view(), k.view(), v.view(), options, {.lse = true});
+  BackwardInputs inputs{q.view(), k.view(), v.view(), f.output.view(), f.lse.view(), g_out.view()};
+  inputs.grad_lse = g_lse.view();
+  const BackwardResult exact = backward(inputs, options);
+  for (auto [x, g] : {std::pair{&q, &exact.grad_query}, {&k, &exact.grad_key}, {&v, &exact.grad_value}}) {
+    const Tensor numeric = numerical_gradient(*x, loss);
+    for (std::int64_t n = 0; n < numeric.numel(); ++n) EXPECT_NEAR(g->get(n), numeric.get(n), 1e-8) << n;
+  }
+  // Without grad_lse the lse's share is missing: the test above can tell the difference.
+  const BackwardResult without = backward({q.view(), k.view(), v.view(), f.output.view(), f.lse.view(), g_out.view()},
+                                          options);
+  double difference = 0;
+  for (std::int64_t n = 0; n < without.grad_query.numel(); ++n)
+    difference = std::max(difference, std::abs(without.grad_query.get(n) - exact.grad_query.get(n)));
+  EXPECT_GT(difference, 1e-3);
+
+  // The CPU paths on a longer problem: S = 5000 with 2 threads splits the keys in chunks.
+  for (DType dtype : {DType::float64, DType::float32})
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " threads " + std::to_string(threads));
+      const Tensor q2 = random_tensor(dtype, {1, 2, 40, 16}, rng), k2 = random_tensor(dtype, {1, 1, 5000, 16}, rng),
+                   v2 = random_tensor(dtype, {1, 1, 5000, 8}, rng), go = random_tensor(dtype, {1, 2, 40, 8}, rng);
+      const Tensor gl = random_tensor(dtype == DType::float64 ? DType::float64 : DType::float32, {1, 2, 40}, rng);
+      Options cpu = options;
+      cpu.backend = Backend::cpu;
+      cpu.num_threads = threads;
+      cpu.window_left = 3000;
+      cpu.window_right = -1;
+      cpu.alibi_slopes = std::nullopt;
+      cpu.alignment = std::nullopt;
+      Options oracle = cpu;
+      oracle.backend = Backend::reference;
+      const ForwardResult fo = forward(q2.view(), k2.view(), v2.view(), oracle, {.lse = true});
+      BackwardInputs in{q2.view(), k2.view(), v2.view(), fo.output.view(), fo.lse.view(), go.view()};
+      in.grad_lse = gl.view();
+      const BackwardResult want = backward(in, oracle), got = backward(in, cpu);
+      const double tolerance = dtype == DType::float64 ? 1e-10 : 1e-4;
+      for (auto [a, b] : {std::pair{&got.grad_query, &want.grad_query}, {&got.grad_key, &want.grad_key},
+                          {&got.grad_value, &want.grad_value}})
+        for (std::int64_t n = 0; n < a->numel(); ++n) ASSERT_NEAR(a->get(n), b->get(n), tolerance) << n;
+    }
+}
+
+// grad_lse must have the lse's shape and dtype; nothing is written otherwise.
+TEST(CpuBackward, LseGradientOfTheWrongShapeOrDtypeIsRejected) {
+  std::mt19937_64 rng(32);
+  const Tensor q = random_tensor(DType::float32, {1, 2, 3, 4}, rng), k = random_tensor(DType::float32, {1, 2, 5, 4}, rng),
+               v = random_tensor(DType::float32, {1, 2, 5, 4}, rng), g = random_tensor(DType::float32, {1, 2, 3, 4}, rng);
+  const ForwardResult f = forward(q.view(), k.view(), v.view(), {}, {.lse = true});
+  const Tensor wrong_shape(DType::float32, {1, 2, 4}), wrong_dtype(DType::float64, {1, 2, 3});
+  for (const Tensor* bad : {&wrong_shape, &wrong_dtype}) {
+    BackwardInputs in{q.view(), k.view(), v.view(), f.output.view(), f.lse.view(), g.view()};
+    in.grad_lse = bad->view();
+    try {
+      backward(in);
+      ADD_FAILURE() << "accepted a grad_lse of shape " << bad->shape().size() << " dims, " << dtype_name(bad->dtype());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "grad_lse") << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sdpa::testing
