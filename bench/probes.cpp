@@ -33,7 +33,11 @@ __attribute__((target("avx512f"))) float fma_loop_avx512() {
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
   float sink = 0;
-  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  for (int c = 0; c < kChains; ++c) {  // stored and summed: GCC 12's _mm512_reduce_add_ps reads an uninitialised half
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[c]);
+    for (float lane : lanes) sink += lane;
+  }
   return sink;
 }
 
@@ -62,7 +66,11 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_loop() {
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
   float sink = 0;
-  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  for (int c = 0; c < kChains; ++c) {  // stored and summed: GCC 12's _mm512_reduce_add_ps reads an uninitialised half
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[c]);
+    for (float lane : lanes) sink += lane;
+  }
   return sink;
 }
 

@@ -141,9 +141,9 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
           hn::StoreU(v, df, out + c);
         }
       }
-      for (; c < count; ++c) {
+      for (const std::byte* at = base + c * step * 2; c < count; ++c, at += step * 2) {
         std::uint16_t bits;
-        std::memcpy(&bits, base + c * step * 2, 2);
+        std::memcpy(&bits, at, 2);
         out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
       }
       return;

@@ -103,9 +103,21 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<SelfCase>& info) {
       const SelfCase& c = info.param;
       const char* rope = !c.rope ? "NoRope" : *c.rope == RopeLayout::half_split ? "RopeHalfSplit" : "RopeInterleaved";
-      return "E" + std::to_string(c.embed) + "Hq" + std::to_string(c.heads) + "Hkv" +
-             std::to_string(c.kv_heads == 0 ? c.heads : c.kv_heads) + (c.bias ? "Bias" : "NoBias") + rope + "B" +
-             std::to_string(c.batch) + "L" + std::to_string(c.length) + (c.causal == Causal::none ? "" : "Causal");
+      // Appended piecewise: `"E" + std::to_string(...)` trips GCC 12's -Wrestrict (PR105329).
+      std::string name = "E";
+      name += std::to_string(c.embed);
+      name += "Hq";
+      name += std::to_string(c.heads);
+      name += "Hkv";
+      name += std::to_string(c.kv_heads == 0 ? c.heads : c.kv_heads);
+      name += c.bias ? "Bias" : "NoBias";
+      name += rope;
+      name += "B";
+      name += std::to_string(c.batch);
+      name += "L";
+      name += std::to_string(c.length);
+      name += c.causal == Causal::none ? "" : "Causal";
+      return name;
     });
 
 // Cross-attention: L != S, key and value inputs of other widths (torch's kdim, vdim), and
