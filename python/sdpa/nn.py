@@ -69,7 +69,10 @@ class MultiheadAttention:
     embed_dim // num_heads), rope (None, or a dict with 'base', 'layout' = 'half_split' |
     'interleaved', 'rotary_dim'), dtype ('float32' or 'float64', or the torch / NumPy
     dtype), init ('xavier_uniform' or 'xavier_normal') and seed (initial weights; biases
-    start at 0). add_bias_kv and add_zero_attn are not supported.
+    start at 0), and sdpa.attention's window_size=(left, right) (a sliding window, -1 =
+    unbounded side), alibi_slopes (one per query head) and softcap (0 = off), counted from
+    each query's own position (bottom-right with a cache). add_bias_kv and add_zero_attn
+    are not supported.
 
     Calls take torch tensors (and return torch tensors) or NumPy arrays (and return
     NumPy arrays) of the layer's dtype. Dropout applies while `training` is True (as for a
@@ -78,7 +81,8 @@ class MultiheadAttention:
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, *, num_kv_heads=None, head_dim=None, rope=None,
-                 dtype="float32", init="xavier_uniform", seed=0):
+                 dtype="float32", init="xavier_uniform", seed=0, window_size=(-1, -1), alibi_slopes=None,
+                 softcap=0.0):
         if add_bias_kv or add_zero_attn:
             raise NotImplementedError("add_bias_kv and add_zero_attn: not supported by sdpa.MultiheadAttention")
         rope = dict(rope) if rope is not None else None
@@ -92,7 +96,8 @@ class MultiheadAttention:
             dropout=float(dropout), rope_base=None if rope is None else float(rope.get("base", 10000.0)),
             rope_layout="half_split" if rope is None else rope.get("layout", "half_split"),
             rotary_dim=0 if rope is None else int(rope.get("rotary_dim", 0)), dtype=_dtype_name(dtype), init=init,
-            seed=int(seed))
+            seed=int(seed), window_left=int(window_size[0]), window_right=int(window_size[1]),
+            alibi_slopes=[] if alibi_slopes is None else [float(s) for s in alibi_slopes], softcap=float(softcap))
         self.batch_first = bool(batch_first)
         self.training = True
         config = self._core.config()

@@ -149,7 +149,7 @@ using Renames = std::vector<std::pair<std::string, std::string>>;
 
 std::string python_name(const std::string& argument, const Renames& renames) {
   std::string name = argument;
-  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs."}) {
+  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs.", "config."}) {
     const std::string p = prefix;
     if (name.rfind(p, 0) == 0) {
       name = name.substr(p.size());

@@ -262,6 +262,33 @@ def test_kv_cache_decoding_equals_one_causal_pass(layout):
     assert max_err(torch.cat(steps, dim=1), whole) <= 1e-12
 
 
+def test_window_alibi_softcap_layer_matches_the_formula():
+    """The layer's window_size, alibi_slopes and softcap, against torch's projections
+    around the float64 formula (oracle.extended_attention), with torch's weights."""
+    import oracle
+
+    ref = torch_mha()
+    slopes = [0.5, 0.25, 0.125, 0.0625]
+    ours = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64", window_size=(2, 1), alibi_slopes=slopes,
+                                   softcap=1.5)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    q, k, v = torch.nn.functional.linear(x, ref.in_proj_weight, ref.in_proj_bias).chunk(3, dim=-1)
+    heads = lambda t: t.reshape(2, 7, 4, 4).transpose(1, 2)
+    for causal, is_causal in ((None, False), ("top_left", True)):
+        o, _, _ = oracle.extended_attention(heads(q), heads(k), heads(v), causal=causal, window=(2, 1),
+                                            slopes=torch.tensor(slopes, dtype=torch.float64), softcap=1.5)
+        expected = ref.out_proj(o.transpose(1, 2).reshape(2, 7, 16))
+        got, _ = ours(x, x, x, is_causal=is_causal, need_weights=False)
+        assert max_err(got, expected.detach()) <= TOL64
+    config = ours._core.config()
+    assert config["window_size"] == (2, 1) and config["alibi_slopes"] == slopes and config["softcap"] == 1.5
+    with pytest.raises(ValueError, match=r"^window_size\[0\]"):
+        sdpa.MultiheadAttention(16, 4, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="^alibi_slopes"):
+        sdpa.MultiheadAttention(16, 4, alibi_slopes=[0.5])
+
+
 def test_errors_name_the_argument():
     layer = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64")
     x = torch.randn(2, 3, 16, dtype=torch.float64)

@@ -90,6 +90,19 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
       fail("config.rope.base", "expected a finite base > 0, got " + std::to_string(c.rope->base));
     }
   }
+  if (c.window_left < -1)
+    fail("config.window_left", "expected >= 0, or -1 for unbounded, got " + std::to_string(c.window_left));
+  if (c.window_right < -1)
+    fail("config.window_right", "expected >= 0, or -1 for unbounded, got " + std::to_string(c.window_right));
+  if (!(std::isfinite(c.softcap) && c.softcap >= 0))
+    fail("config.softcap", "expected a finite cap > 0, or 0 for none, got " + std::to_string(c.softcap));
+  if (!c.alibi_slopes.empty()) {
+    if (static_cast<std::int64_t>(c.alibi_slopes.size()) != c.num_heads)
+      fail("config.alibi_slopes", "expected one slope per query head (" + std::to_string(c.num_heads) + "), got " +
+                                      std::to_string(c.alibi_slopes.size()));
+    alibi_slopes_ = Tensor(DType::float64, {c.num_heads});
+    for (std::int64_t h = 0; h < c.num_heads; ++h) alibi_slopes_.set(h, c.alibi_slopes[static_cast<std::size_t>(h)]);
+  }
 
   const std::int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
   q_weight_ = Tensor(c.dtype, {q_out, c.embed_dim});
@@ -196,6 +209,10 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   options.seed = call.dropout_seed;
   options.offset = call.dropout_offset;
   options.num_threads = call.num_threads;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  if (!c.alibi_slopes.empty()) options.alibi_slopes = alibi_slopes_.view();
+  options.softcap = c.softcap;
 
   AttentionResult result;
   if (call.need_weights) result.weights = Tensor(c.dtype, batched ? Shape{batch, Hq, L, S} : Shape{Hq, L, S});

@@ -44,6 +44,7 @@ struct DecodeCase {
   std::int64_t heads, kv_heads;
   std::optional<RopeLayout> rope;
   std::vector<std::int64_t> chunks;  // tokens per call; they sum to the sequence length
+  bool extensions = false;           // a sliding window of 3, ALiBi slopes, softcap 2
 };
 
 class DecodeTest : public ::testing::TestWithParam<DecodeCase> {};
@@ -57,6 +58,11 @@ TEST_P(DecodeTest, TokenByTokenEqualsOneCausalPass) {
   c.dtype = p.dtype;
   c.seed = 5;
   if (p.rope) c.rope = RopeOptions{10000.0, *p.rope, 0};
+  if (p.extensions) {
+    c.window_left = 3;
+    c.softcap = 2.0;
+    for (std::int64_t h = 0; h < p.heads; ++h) c.alibi_slopes.push_back(std::exp2(-static_cast<double>(h + 1)));
+  }
   MultiHeadAttention layer(c);
   for (const auto& [name, t] : layer.parameters()) {
     if (name.ends_with(".bias")) layer.parameter(name) = random_tensor(p.dtype, t->shape(), 6);
@@ -96,12 +102,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DecodeCase{DType::float64, 4, 4, std::nullopt, {1, 1, 1, 1, 1, 1, 1}},
                       DecodeCase{DType::float64, 4, 2, RopeLayout::half_split, std::vector<std::int64_t>(19, 1)},
                       DecodeCase{DType::float64, 6, 1, RopeLayout::interleaved, {5, 1, 1, 3, 1, 1}},  // prefill + steps
-                      DecodeCase{DType::float32, 4, 2, RopeLayout::half_split, {4, 1, 1, 1, 1, 1, 1, 1, 1}}),
+                      DecodeCase{DType::float32, 4, 2, RopeLayout::half_split, {4, 1, 1, 1, 1, 1, 1, 1, 1}},
+                      // The window reaches back from each new token into the cache.
+                      DecodeCase{DType::float64, 4, 2, RopeLayout::half_split, {5, 1, 1, 3, 1, 1}, true}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) {
       const DecodeCase& c = info.param;
       return std::string(sdpa::dtype_name(c.dtype)) + "Hq" + std::to_string(c.heads) + "Hkv" +
              std::to_string(c.kv_heads) + (!c.rope ? "NoRope" : "Rope") + "Prefill" + std::to_string(c.chunks[0]) +
-             "Calls" + std::to_string(c.chunks.size());
+             "Calls" + std::to_string(c.chunks.size()) + (c.extensions ? "WindowAlibiSoftcap" : "");
     });
 
 // The cached path against the formula directly, with a key-padding mask over the cached

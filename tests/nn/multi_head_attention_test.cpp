@@ -138,6 +138,40 @@ TEST(MultiHeadAttentionTest, CrossAttentionWithOtherInputWidths) {
   }
 }
 
+// A sliding window, ALiBi slopes and softcapping from the config (Mistral's local layers,
+// ALiBi models, Gemma 2), against the formula: self-attention with and without causal,
+// and cross-attention (L != S, where the window and ALiBi count from the bottom-right
+// diagonal).
+TEST(MultiHeadAttentionTest, WindowAlibiAndSoftcapMatchTheFormula) {
+  MultiHeadAttentionConfig c = config(24, 6, 2);
+  c.window_left = 2;
+  c.window_right = 1;
+  c.alibi_slopes = {0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625};
+  c.softcap = 1.5;
+  MultiHeadAttention layer(c);
+  randomize(layer, 11);
+  const Tensor x = random64({2, 7, 24}, 12), k = random64({2, 10, 24}, 13), v = random64({2, 10, 24}, 14);
+  for (Causal causal : {Causal::none, Causal::top_left}) {
+    AttentionCall call;
+    call.causal = causal;
+    expect_close(layer.forward(x.view(), call).output, reference_mha(layer, x, x, x, nullptr, causal != Causal::none),
+                 causal == Causal::none ? "self" : "self, causal");
+  }
+  expect_close(layer.forward(x.view(), k.view(), v.view()).output, reference_mha(layer, x, k, v, nullptr, false),
+               "cross");
+  // The options matter: the same weights without them give another output.
+  MultiHeadAttentionConfig plain_config = c;
+  plain_config.window_left = plain_config.window_right = -1;
+  plain_config.alibi_slopes.clear();
+  plain_config.softcap = 0;
+  MultiHeadAttention plain(plain_config);
+  for (const auto& [name, t] : layer.parameters()) plain.parameter(name) = *t;
+  const Tensor a = layer.forward(x.view()).output, b = plain.forward(x.view()).output;
+  double difference = 0;
+  for (std::int64_t n = 0; n < a.numel(); ++n) difference = std::max(difference, std::abs(a.get(n) - b.get(n)));
+  EXPECT_GT(difference, 1e-3);
+}
+
 // Every row keeps at least one key, so no row is fully masked (torch's MHA gives NaN
 // there, sdpa gives 0; the Python tests pin that separately).
 class MaskTest : public ::testing::Test {
@@ -464,6 +498,18 @@ TEST(MultiHeadAttentionTest, RejectsBadConfigurationsAndInputs) {
   c = config(8, 2);
   c.dtype = DType::float16;
   bad_config(c, "config.dtype");
+  c = config(8, 2);
+  c.window_left = -2;
+  bad_config(c, "config.window_left");
+  c = config(8, 2);
+  c.window_right = -5;
+  bad_config(c, "config.window_right");
+  c = config(8, 2);
+  c.softcap = -1.0;
+  bad_config(c, "config.softcap");
+  c = config(8, 2);
+  c.alibi_slopes = {0.5, 0.25, 0.125};  // 2 heads
+  bad_config(c, "config.alibi_slopes");
 
   MultiHeadAttention layer(config(8, 2));
   auto bad_call = [&](const TensorView& q, const TensorView& k, const TensorView& v, const AttentionCall& call,

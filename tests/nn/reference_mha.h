@@ -79,8 +79,18 @@ inline Tensor reference_mha(const nn::MultiHeadAttention& layer, const Tensor& q
           double dot = 0;
           for (std::int64_t e = 0; e < D; ++e)
             dot += q[((b * L + l) * Hq + h) * D + e] * k[((b * S + j) * Hkv + g) * D + e];
-          s[j] = dot / std::sqrt(static_cast<double>(D)) + (mask ? mask(b, h, l, j) : 0.0);
-          if (causal && j > l + (S - L)) s[j] = -INFINITY;
+          // The config's softcap, ALiBi and window count from the query's diagonal key
+          // l + S − L (bottom-right: the layer's alignment with a cache or without causal,
+          // and any alignment when L == S).
+          const std::int64_t diagonal = l + (S - L);
+          double score = dot / std::sqrt(static_cast<double>(D));
+          if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
+          if (!c.alibi_slopes.empty())
+            score -= c.alibi_slopes[static_cast<std::size_t>(h)] * std::abs(static_cast<double>(diagonal - j));
+          s[j] = score + (mask ? mask(b, h, l, j) : 0.0);
+          if (causal && j > diagonal) s[j] = -INFINITY;
+          if ((c.window_left >= 0 && j < diagonal - c.window_left) || (c.window_right >= 0 && j > diagonal + c.window_right))
+            s[j] = -INFINITY;
           m = std::max(m, s[j]);
         }
         double sum = 0;
