@@ -393,7 +393,44 @@ Options make_options(const CaseConfig& c, Backend backend, const std::optional<T
   return o;
 }
 
-CaseResult run_case(Random& rng, const CaseConfig& c) {
+// The gradients' bound, relative to max(1, max |oracle|), for float32 and float64 (the
+// rule of tests/testing/gradients.h). bfloat16 and float16 gradients are not compared
+// here: their error has a first-order term from O rounded to the dtype (D = rowsum(dO ∘ O),
+// docs/numerics.md) that only a naive low-precision backward measures, which the test
+// suites run (the 3× rule of DESIGN.md §4).
+bool gradients_compared(DType dtype) { return dtype == DType::float32 || dtype == DType::float64; }
+double gradient_tolerance(DType dtype) { return dtype == DType::float64 ? 1e-9 : 1e-4; }
+
+// Gradients of both backends for dO = `grad_output` (its float64 copy for the oracle):
+// the worst error / tolerance over dQ, dK, dV and, for a float mask given at its own
+// shape, dmask.
+double compare_gradients(const CaseConfig& c, const Input& q, const Input& k, const Input& v,
+                         const Input& grad_output, const Options& cpu, const Options& oracle, bool mask_gradient) {
+  const Returns lse{false, true};
+  const ForwardResult f_cpu = forward(q.view, k.view, v.view, cpu, lse);
+  const ForwardResult f_oracle = forward(q.oracle.view(), k.oracle.view(), v.oracle.view(), oracle, lse);
+  const BackwardResult got = backward(
+      {q.view, k.view, v.view, f_cpu.output.view(), f_cpu.lse.view(), grad_output.view}, cpu, mask_gradient);
+  const BackwardResult want = backward({q.oracle.view(), k.oracle.view(), v.oracle.view(), f_oracle.output.view(),
+                                        f_oracle.lse.view(), grad_output.oracle.view()},
+                                       oracle, mask_gradient);
+  double worst = 0.0;
+  const Tensor* pairs[][2] = {{&got.grad_query, &want.grad_query},
+                              {&got.grad_key, &want.grad_key},
+                              {&got.grad_value, &want.grad_value},
+                              {&got.grad_mask, &want.grad_mask}};
+  for (const auto& [a, b] : pairs) {
+    if (a == &got.grad_mask && !mask_gradient) continue;
+    // dmask is rounded to the mask's dtype (float32 for a float64 case, say).
+    const double bound = a == &got.grad_mask ? std::max(gradient_tolerance(c.dtype), gradient_tolerance(a->dtype()))
+                                             : gradient_tolerance(c.dtype);
+    const double error = relative_error(*a, *b) / bound;
+    if (!(error <= worst)) worst = error;  // keeps a NaN
+  }
+  return worst;
+}
+
+CaseResult run_case(Random& rng, const CaseConfig& c, bool check_backward) {
   CaseResult result;
   try {
     const Input q = make_input(rng, c, c.qkv_shape(c.Hq, c.L, c.E));
@@ -430,6 +467,18 @@ CaseResult run_case(Random& rng, const CaseConfig& c) {
     if (c.want_lse) {
       const DType lse_dtype = got.lse.dtype();
       result.worst_ratio = std::max(result.worst_ratio, relative_error(got.lse, want.lse) / tolerance(lse_dtype));
+    }
+    if (check_backward && gradients_compared(c.dtype)) {
+      const Input grad_output = make_input(rng, c, c.qkv_shape(c.Hq, c.L, c.Ev));
+      // A float mask given at its own shape gets its gradient compared too (an expanded
+      // stride-0 view would be a gradient of another shape than the oracle's mask).
+      const bool mask_gradient = mask && c.mask_kind == MaskKind::additive && !c.mask_expanded;
+      const double ratio = compare_gradients(
+          c, q, k, v, grad_output,
+          make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, slopes),
+          make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, slopes),
+          mask_gradient);
+      if (!(ratio <= result.worst_ratio)) result.worst_ratio = ratio;
     }
   } catch (const std::exception& e) {
     result.failure = e.what();
@@ -494,7 +543,7 @@ int check_command(const CheckArgs& args) {
   for (int i = 0; i < args.cases; ++i) {
     Random rng(case_seed(args.seed, i));
     const CaseConfig config = random_case(rng);
-    const CaseResult result = run_case(rng, config);
+    const CaseResult result = run_case(rng, config, args.backward);
     record(groups, config, result);
     if (!result.passed()) ++failures;
     if (args.verbose || !result.passed()) {
@@ -504,6 +553,7 @@ int check_command(const CheckArgs& args) {
     }
   }
   print_table(groups);
+  if (args.backward) std::printf("gradients compared in the float32 and float64 cases\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s: %d cases, %d failed (seed %llu, %.1f s)\n", failures == 0 ? "PASS" : "FAIL", args.cases, failures,
               static_cast<unsigned long long>(args.seed), seconds);

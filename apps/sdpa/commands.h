@@ -62,6 +62,7 @@ struct CheckArgs {
   int cases = 200;
   std::uint64_t seed = 0;
   bool verbose = false;
+  bool backward = false;  // also compare the gradients (dQ, dK, dV, a float mask's)
 };
 int check_command(const CheckArgs& args);
 

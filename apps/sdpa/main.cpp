@@ -131,6 +131,8 @@ void add_check_command(CLI::App& app, CheckArgs& args) {
       ->capture_default_str();
   check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")->capture_default_str();
   check->add_flag("--verbose", args.verbose, "Print every case");
+  check->add_flag("--backward", args.backward,
+                  "Also compare the gradients (dQ, dK, dV and a float mask's) of a random dO");
 }
 
 }  // namespace
