@@ -964,31 +964,6 @@ TEST(CpuExtensionsBackward, EmptyWindowRowsHaveZeroGradients) {
   }
 }
 
-// loss = Σ G ∘ forward(Q, K, V); its gradients are the backward's with dO = G.
-struct FiniteDifferenceCase {
-  Tensor q, k, v, mask, slopes, g;
-  Options options;
-
-  double loss() const {
-    Options o = options;
-    o.backend = Backend::reference;
-    return dot(forward(q.view(), k.view(), v.view(), o).output, g);
-  }
-
-  void check(Backend backend, double tolerance) {
-    Options o = options;
-    o.backend = backend;
-    const bool float_mask = options.mask && options.mask->dtype != DType::boolean;
-    const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), o, float_mask);
-    auto f = [this] { return loss(); };
-    EXPECT_LE(max_abs_diff(got.grad_query, numerical_gradient(q, f)), tolerance) << "grad_query";
-    EXPECT_LE(max_abs_diff(got.grad_key, numerical_gradient(k, f)), tolerance) << "grad_key";
-    EXPECT_LE(max_abs_diff(got.grad_value, numerical_gradient(v, f)), tolerance) << "grad_value";
-    if (float_mask) {
-      EXPECT_LE(max_abs_diff(got.grad_mask, numerical_gradient(mask, f)), tolerance) << "grad_mask";
-    }
-  }
-};
 
 // GQA, L ≠ S, Ev ≠ E, float64: the window (both alignments), ALiBi (batch, Hq), softcap
 // and a float mask with a −inf entry, alone and together, for the oracle and for the

@@ -19,32 +19,6 @@ Options reference() {
   return o;
 }
 
-// loss = Σ G ∘ forward(Q, K, V): its gradients are the backward's with dO = G.
-struct FiniteDifferenceCase {
-  Tensor q, k, v, mask, g;
-  Options options;
-
-  double loss() const {
-    const ForwardResult r = forward(q.view(), k.view(), v.view(), options);
-    return dot(r.output, g);
-  }
-
-  // Every gradient of the backward (backend `backend`) against central differences;
-  // the mask's when it is a float mask.
-  void check(Backend backend, double tolerance) {
-    Options o = options;
-    o.backend = backend;
-    const bool float_mask = mask.numel() > 0 && mask.dtype() != DType::boolean;
-    const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), o, float_mask);
-    auto f = [this] { return loss(); };
-    EXPECT_LE(max_abs_diff(got.grad_query, numerical_gradient(q, f)), tolerance) << "grad_query";
-    EXPECT_LE(max_abs_diff(got.grad_key, numerical_gradient(k, f)), tolerance) << "grad_key";
-    EXPECT_LE(max_abs_diff(got.grad_value, numerical_gradient(v, f)), tolerance) << "grad_value";
-    if (float_mask) {
-      EXPECT_LE(max_abs_diff(got.grad_mask, numerical_gradient(mask, f)), tolerance) << "grad_mask";
-    }
-  }
-};
 
 // GQA (2 query heads per KV head), L ≠ S, Ev ≠ E, a float mask broadcast over batch and
 // heads with a −inf entry, bottom-right causal and dropout: every path of the chain rule.

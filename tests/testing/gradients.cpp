@@ -1,5 +1,7 @@
 #include "testing/gradients.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -215,6 +217,26 @@ double dot(const Tensor& a, const Tensor& b) {
   double sum = 0;
   for (std::int64_t n = 0; n < a.numel(); ++n) sum += a.get(n) * b.get(n);
   return sum;
+}
+
+double FiniteDifferenceCase::loss() const {
+  Options o = options;
+  o.backend = Backend::reference;
+  return dot(forward(q.view(), k.view(), v.view(), o).output, g);
+}
+
+void FiniteDifferenceCase::check(Backend backend, double tolerance) {
+  Options o = options;
+  o.backend = backend;
+  const bool float_mask = options.mask && options.mask->dtype != DType::boolean;
+  const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), o, float_mask);
+  auto f = [this] { return loss(); };
+  EXPECT_LE(max_abs_diff(got.grad_query, numerical_gradient(q, f)), tolerance) << "grad_query";
+  EXPECT_LE(max_abs_diff(got.grad_key, numerical_gradient(k, f)), tolerance) << "grad_key";
+  EXPECT_LE(max_abs_diff(got.grad_value, numerical_gradient(v, f)), tolerance) << "grad_value";
+  if (float_mask) {
+    EXPECT_LE(max_abs_diff(got.grad_mask, numerical_gradient(mask, f)), tolerance) << "grad_mask";
+  }
 }
 
 }  // namespace sdpa::testing

@@ -64,4 +64,17 @@ Tensor numerical_gradient(Tensor& x, const std::function<double()>& loss, double
 // The sum of a ∘ b over all elements (same shape).
 double dot(const Tensor& a, const Tensor& b);
 
+// loss = Σ G ∘ forward(Q, K, V) through the float64 oracle: its gradients are the
+// backward's with dO = G. The tensors are float64; `mask` and `slopes` hold what
+// options.mask and options.alibi_slopes view, when they are used.
+struct FiniteDifferenceCase {
+  Tensor q, k, v, mask, slopes, g;
+  Options options;
+
+  double loss() const;
+  // Every gradient of the backward on `backend` against central differences of loss(),
+  // within `tolerance`; the mask's too when options.mask is a float mask.
+  void check(Backend backend, double tolerance);
+};
+
 }  // namespace sdpa::testing
