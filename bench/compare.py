@@ -15,7 +15,8 @@ sides (ours: sdpa's custom op and its C++ backward), and counts the backward as 
 the forward's FLOPs (FlashAttention); the decode points are skipped.
 
 --features times the issue #7 features against what a PyTorch user writes for the same
-result, since torch's SDPA has none of them: a sliding window or ALiBi as an explicit
+result, since torch's SDPA has none of them (with --backward: forward + backward through
+autograd, the paged cache left out): a sliding window or ALiBi as an explicit
 mask / bias (built once, outside the timing), softcapping in eager ops (Gemma 2's
 reference code), varlen as the padded batch with a key-padding mask, a paged cache
 gathered with index_select before SDPA.
@@ -100,10 +101,11 @@ def measure_backward(p, repeats):
     return (*alternate(ours, theirs, repeats), error)
 
 
-def feature_points():
-    """(name, ours, theirs) for --features: two callables giving the same result."""
+def feature_points(training):
+    """(name, ours, theirs, our leaves, their leaves) for --features: two callables giving
+    the same result, and (with `training`) the tensors each differentiates."""
     gen = torch.Generator().manual_seed(0)
-    randn = lambda *shape: torch.randn(*shape, generator=gen)
+    randn = lambda *shape: torch.randn(*shape, generator=gen).requires_grad_(training)
 
     # Sliding window at L = S = 8192, H = 4, E = 64 (bench --features's shape).
     q, k, v = (randn(1, 4, 8192, 64) for _ in range(3))
@@ -114,7 +116,7 @@ def feature_points():
         yield (f"window ({left}, {right}){' causal' if causal else ''} float32 H=4 L=S=8192 E=64",
                lambda left=left, right=right, causal=causal: sdpa.attention(q, k, v, causal=causal,
                                                                             window_size=(left, right)),
-               lambda band=band: F.scaled_dot_product_attention(q, k, v, attn_mask=band))
+               lambda band=band: F.scaled_dot_product_attention(q, k, v, attn_mask=band), (q, k, v), (q, k, v))
 
     # ALiBi and softcapping at L = S = 2048, H = 16, E = 64.
     q, k, v = (randn(1, 16, 2048, 64) for _ in range(3))
@@ -123,25 +125,28 @@ def feature_points():
     j = torch.arange(2048)[None, :]
     bias = -slopes[:, None, None] * (i - j).abs()  # (H, L, S), as FlashAttention's ALiBi at L = S
     yield ("ALiBi float32 H=16 L=S=2048 E=64", lambda: sdpa.attention(q, k, v, alibi_slopes=slopes),
-           lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+           lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias), (q, k, v), (q, k, v))
 
     def eager_softcap(cap=30.0):
         scores = q @ k.transpose(-2, -1) / 8.0
         return torch.softmax(cap * torch.tanh(scores / cap), dim=-1) @ v
 
-    yield ("softcap 30 float32 H=16 L=S=2048 E=64", lambda: sdpa.attention(q, k, v, softcap=30.0), eager_softcap)
+    yield ("softcap 30 float32 H=16 L=S=2048 E=64", lambda: sdpa.attention(q, k, v, softcap=30.0), eager_softcap,
+           (q, k, v), (q, k, v))
 
     # Varlen: 8 sequences of up to 2048 tokens, half the padded batch's tokens.
-    lengths = [2048, 1792, 1280, 1024, 768, 512, 256, 512]
-    padded_q, padded_k, padded_v = (randn(8, 8, 2048, 64) for _ in range(3))
+    padded = [randn(8, 8, 2048, 64) for _ in range(3)]
     keep = torch.zeros(8, 1, 1, 2048, dtype=torch.bool)
-    for b, n in enumerate(lengths):
+    for b, n in enumerate(VARLEN_LENGTHS):
         keep[b, ..., :n] = True
-    packed = [torch.cat([t[b, :, :n] for b, n in enumerate(lengths)], dim=1).transpose(0, 1).contiguous()
-              for t in (padded_q, padded_k, padded_v)]  # (total, H, E)
-    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    with torch.no_grad():
+        packed = [torch.cat([t[b, :, :n] for b, n in enumerate(VARLEN_LENGTHS)], dim=1).transpose(0, 1).contiguous()
+                  .requires_grad_(training) for t in padded]  # (total, H, E)
+    cu = torch.tensor([0] + list(itertools.accumulate(VARLEN_LENGTHS)), dtype=torch.int32)
     yield ("varlen 8 seqs (half padding) float32 H=8 Lmax=2048 E=64", lambda: sdpa.varlen_attention(*packed, cu, cu),
-           lambda: F.scaled_dot_product_attention(padded_q, padded_k, padded_v, attn_mask=keep))
+           lambda: F.scaled_dot_product_attention(*padded, attn_mask=keep), packed, padded)
+    if training:
+        return  # the paged cache is for decoding
 
     # Paged decoding: 8 sequences of 4096 keys in shuffled 16-row pages.
     B, Hq, Hkv, S, E, page = 8, 32, 8, 4096, 128, 16
@@ -157,24 +162,41 @@ def feature_points():
         return F.scaled_dot_product_attention(query, gather(key_pages), gather(value_pages), enable_gqa=True)
 
     yield ("paged decode float32 B=8 Hq=32 Hkv=8 S=4096 E=128 page=16",
-           lambda: sdpa.paged_attention(query, key_pages, value_pages, table, seq_lens), gathered)
+           lambda: sdpa.paged_attention(query, key_pages, value_pages, table, seq_lens), gathered, (), ())
 
 
-def compare_features(repeats):
+VARLEN_LENGTHS = [2048, 1792, 1280, 1024, 768, 512, 256, 512]
+
+
+def compare_features(repeats, training):
+    """Rows of --features: times of ours and theirs (alternating), the largest output
+    difference; with `training`, forward + backward through autograd."""
     rows = []
-    with torch.no_grad():
-        for name_, ours, theirs in feature_points():
-            print(f"\r{name_:60s}", end="", file=sys.stderr, flush=True)
+    for name_, ours, theirs, our_leaves, their_leaves in feature_points(training):
+        print(f"\r{name_:60s}", end="", file=sys.stderr, flush=True)
+        with torch.no_grad():
             a, b = ours(), theirs()
-            if name_.startswith("varlen"):  # compare the real rows only
-                b = torch.cat([b[n, :, :length] for n, length in enumerate([2048, 1792, 1280, 1024, 768, 512, 256, 512])],
-                              dim=1).transpose(0, 1)
-            error = (a.double() - b.double()).abs().max().item()
-            ours_s, theirs_s = alternate(ours, theirs, repeats)
-            rows.append(dict(name=name_, ours_ms=ours_s * 1e3, torch_ms=theirs_s * 1e3, ratio=theirs_s / ours_s,
-                             max_abs_diff=error))
+        if name_.startswith("varlen"):  # compare the real rows only
+            b = torch.cat([b[n, :, :length] for n, length in enumerate(VARLEN_LENGTHS)], dim=1).transpose(0, 1)
+        error = (a.double() - b.double()).abs().max().item()
+        if training:
+            ours_timed = lambda: _grad(ours, our_leaves)
+            theirs_timed = lambda: _grad(theirs, their_leaves)
+            ours_timed(), theirs_timed()  # warm-up
+        else:
+            ours_timed, theirs_timed = ours, theirs
+        with torch.set_grad_enabled(training):
+            ours_s, theirs_s = alternate(ours_timed, theirs_timed, repeats)
+        rows.append(dict(name=name_, ours_ms=ours_s * 1e3, torch_ms=theirs_s * 1e3, ratio=theirs_s / ours_s,
+                         max_abs_diff=error))
     print(file=sys.stderr)
     return rows
+
+
+def _grad(fn, leaves):
+    """Forward, then the gradients of Σ out (a dO of ones) with respect to `leaves`."""
+    out = fn()
+    return torch.autograd.grad(out.sum(), leaves)
 
 
 def main():
@@ -191,13 +213,14 @@ def main():
     threads = torch.get_num_threads()
     info = sdpa.runtime_info()
     if args.features:
-        rows = compare_features(max(args.repeats, 5))
+        rows = compare_features(max(args.repeats, 5), args.backward)
         if args.json:
             print(json.dumps(dict(torch=torch.__version__, sdpa=sdpa.__version__, threads=threads, points=rows),
                              indent=2))
             return
         print(f"sdpa {sdpa.__version__} vs torch {torch.__version__} doing the same with what it has, {threads} "
-              f"threads, median of {max(args.repeats, 5)} alternating runs")
+              f"threads, median of {max(args.repeats, 5)} alternating runs"
+              f"{'; forward + backward (dO = ones) through autograd' if args.backward else ''}")
         print(f"| {'point':58s} | sdpa ms | torch ms | ratio | max abs diff |")
         print(f"|{'-' * 60}|--------:|---------:|------:|-------------:|")
         for r in rows:
