@@ -25,6 +25,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The sum of every lane of the accumulators, stored and summed (GCC 12's
+// _mm512_reduce_add_ps reads an uninitialised half).
+__attribute__((target("avx512f"))) float sum_of_lanes(const __m512 (&acc)[kChains]) {
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[c]);
+    for (float lane : lanes) sink += lane;
+  }
+  return sink;
+}
+
 __attribute__((target("avx512f"))) float fma_loop_avx512() {
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
@@ -32,13 +44,7 @@ __attribute__((target("avx512f"))) float fma_loop_avx512() {
   for (long i = 0; i < kIterations; ++i)
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-  float sink = 0;
-  for (int c = 0; c < kChains; ++c) {  // stored and summed: GCC 12's _mm512_reduce_add_ps reads an uninitialised half
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[c]);
-    for (float lane : lanes) sink += lane;
-  }
-  return sink;
+  return sum_of_lanes(acc);
 }
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2() {
@@ -65,13 +71,7 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_loop() {
   for (long i = 0; i < kIterations; ++i)
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-  float sink = 0;
-  for (int c = 0; c < kChains; ++c) {  // stored and summed: GCC 12's _mm512_reduce_add_ps reads an uninitialised half
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[c]);
-    for (float lane : lanes) sink += lane;
-  }
-  return sink;
+  return sum_of_lanes(acc);
 }
 
 volatile float g_sink;  // keeps the probe loops from being optimised away
