@@ -182,6 +182,20 @@ Renames dense_renames(const std::string& mask_name) { return {{"mask", mask_name
 
 std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
+// Records the pointers a forward call hands to the library (sdpa._core.last_call(), for
+// the tests that show nothing was copied).
+void remember(const void* query, const void* key, const void* value, const sdpa::ForwardOutputs& outputs,
+              const void* mask = nullptr) {
+  last_call = {};
+  last_call.query = address(query);
+  last_call.key = address(key);
+  last_call.value = address(value);
+  last_call.mask = address(mask);
+  last_call.output = address(outputs.output.data);
+  if (outputs.weights) last_call.weights = address(outputs.weights->data);
+  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+}
+
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
              const Output& output, const std::optional<Output>& weights, const std::optional<Output>& lse,
              const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
@@ -196,14 +210,7 @@ void forward(const Input& query, const Input& key, const Input& value, const std
   if (weights) outputs.weights = view_of(*weights, "weights");
   if (lse) outputs.lse = view_of(*lse, "lse");
 
-  last_call = {};
-  last_call.query = address(q.data);
-  last_call.key = address(k.data);
-  last_call.value = address(v.data);
-  if (options.mask) last_call.mask = address(options.mask->data);
-  last_call.output = address(outputs.output.data);
-  if (outputs.weights) last_call.weights = address(outputs.weights->data);
-  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+  remember(q.data, k.data, v.data, outputs, options.mask ? options.mask->data : nullptr);
 
   try {
     // The arrays stay referenced by this frame, so their memory outlives the call.
@@ -258,12 +265,7 @@ void forward_varlen(const Input& query, const Input& key, const Input& value, co
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
   if (lse) outputs.lse = view_of(*lse, "lse");
 
-  last_call = {};
-  last_call.query = address(q.data);
-  last_call.key = address(k.data);
-  last_call.value = address(v.data);
-  last_call.output = address(outputs.output.data);
-  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+  remember(q.data, k.data, v.data, outputs);
   try {
     nb::gil_scoped_release release;
     sdpa::forward_varlen(q, k, v, sequences, outputs, options);
@@ -315,12 +317,7 @@ void forward_paged(const Input& query, const Input& key_pages, const Input& valu
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
   if (lse) outputs.lse = view_of(*lse, "lse");
 
-  last_call = {};
-  last_call.query = address(q.data);
-  last_call.key = address(cache.key_pages.data);
-  last_call.value = address(cache.value_pages.data);
-  last_call.output = address(outputs.output.data);
-  if (outputs.lse) last_call.lse = address(outputs.lse->data);
+  remember(q.data, cache.key_pages.data, cache.value_pages.data, outputs);
   try {
     nb::gil_scoped_release release;
     sdpa::forward_paged(q, cache, outputs, options);

@@ -28,7 +28,7 @@ void run(const std::vector<detail::Problem>& problems, Backend backend) {
 
 // The allocating forms: buffers of the shapes the checks give, then the buffer form.
 ForwardResult allocate(const detail::OutputShapes& shapes, Returns returns, ForwardOutputs* outputs) {
-  if (returns.weights) throw Error(ErrorKind::value, "weights", "expected no weights for a packed or paged call, got a request");
+  detail::check_no_weights(returns.weights);
   ForwardResult result;
   result.output = Tensor(shapes.output_dtype, shapes.output_shape);
   *outputs = {result.output.view(), std::nullopt, std::nullopt};

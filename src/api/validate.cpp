@@ -471,14 +471,17 @@ std::vector<std::int64_t> mask_broadcast_strides(const TensorView& mask, const s
 
 // ---- Packed variable-length batches and the paged KV cache -------------------------
 
+void check_no_weights(bool requested) {
+  if (requested) fail("weights", "expected no weights for a packed or paged call (they are ragged), got a request");
+}
+
 namespace {
 
 // What varlen and paged calls do not take: a mask (per-sequence masks have no packed
-// form) and the weights (ragged).
-void check_no_mask_or_weights(const Options& options, const std::optional<TensorView>& weights) {
+// form).
+void check_no_mask(const Options& options) {
   if (options.mask)
     fail("mask", "expected no mask for a packed or paged call (use causal, the window or ALiBi), got one");
-  if (weights) fail("weights", "expected no weights buffer for a packed or paged call, got one");
 }
 
 // Query, key and value (or pages) share a float dtype and have `rank` dims.
@@ -566,7 +569,7 @@ struct PackedSizes {
 PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key, const TensorView& value,
                                   const VarlenSequences& sequences, const Options& options) {
   check_options(options);
-  if (options.mask) check_no_mask_or_weights(options, std::nullopt);
+  check_no_mask(options);
   check_float_operands({{&query, "query"}, {&key, "key"}, {&value, "value"}}, 3, "rank 3 (heads, total, dim)");
   const PackedSizes n{query.shape[0], key.shape[0], query.shape[1], key.shape[1], query.shape[2], value.shape[2],
                       static_cast<std::int64_t>(sequences.cu_seqlens_q.size()) - 1};
@@ -600,7 +603,7 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
                                           const VarlenSequences& sequences, const ForwardOutputs& outputs,
                                           const Options& options) {
   const OutputShapes shapes = check_varlen_inputs(query, key, value, sequences, options);
-  check_no_mask_or_weights(options, outputs.weights);
+  check_no_weights(outputs.weights.has_value());
   std::vector<Output> outs{{&outputs.output, "output", &shapes.output_shape, shapes.output_dtype}};
   if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &shapes.lse_shape, shapes.lse_dtype});
   std::vector<Span> input_spans{check_view(query, "query"), check_view(key, "key"), check_view(value, "value")};
@@ -669,7 +672,7 @@ struct PagedSizes {
 
 PagedSizes check_paged_operands(const TensorView& query, const PagedKV& cache, const Options& options) {
   check_options(options);
-  if (options.mask) check_no_mask_or_weights(options, std::nullopt);
+  check_no_mask(options);
   check_float_operands({{&query, "query"}, {&cache.key_pages, "key_pages"}, {&cache.value_pages, "value_pages"}}, 4,
                        "rank 4 ((batch, heads, seq, dim) for the query, (pages, heads, page_size, dim) for pages)");
   const TensorView& kp = cache.key_pages;
@@ -750,7 +753,7 @@ OutputShapes check_paged_inputs(const TensorView& query, const PagedKV& cache, c
 std::vector<Problem> make_paged_problems(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
                                          const Options& options) {
   const OutputShapes shapes = check_paged_inputs(query, cache, options);
-  check_no_mask_or_weights(options, outputs.weights);
+  check_no_weights(outputs.weights.has_value());
   std::vector<Output> outs{{&outputs.output, "output", &shapes.output_shape, shapes.output_dtype}};
   if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &shapes.lse_shape, shapes.lse_dtype});
   std::vector<Span> input_spans{check_view(query, "query"), check_view(cache.key_pages, "key_pages"),

@@ -52,6 +52,10 @@ struct OutputShapes {
   DType output_dtype = DType::float32, lse_dtype = DType::float32;
 };
 
+// Varlen and paged calls return no weights (they would be ragged): an error naming
+// `weights` when they are asked for, as a buffer or as an allocating call's Returns.
+void check_no_weights(bool requested);
+
 OutputShapes check_varlen_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
                                  const VarlenSequences& sequences, const Options& options);
 std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorView& key, const TensorView& value,
