@@ -2,7 +2,6 @@
 #include "commands.h"
 
 #include <charconv>
-#include <filesystem>
 #include <iostream>
 #include <new>
 #include <string>
@@ -13,6 +12,7 @@
 
 #include "io/file.h"
 #include "io/npy.h"
+#include "io/output_files.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -106,32 +106,6 @@ void check_layout_flags(const RunArgs& args) {
   if (args.mask) throw Error(ErrorKind::value, "--mask", "not accepted with " + mode + " (no per-sequence mask form)");
   if (args.weights) {
     throw Error(ErrorKind::value, "--weights", "not available with " + mode + " (only the output and --lse are)");
-  }
-}
-
-// Two outputs naming the same file would silently keep only the last one written.
-void check_distinct_outputs(const RunArgs& args) {
-  if (args.weights && *args.weights == args.out)
-    throw Error(ErrorKind::value, "--weights", "expected a path different from --out, got " + args.out);
-  if (args.lse && *args.lse == args.out)
-    throw Error(ErrorKind::value, "--lse", "expected a path different from --out, got " + args.out);
-  if (args.lse && args.weights && *args.lse == *args.weights)
-    throw Error(ErrorKind::value, "--lse", "expected a path different from --weights, got " + *args.lse);
-}
-
-// Writes every (path, tensor) pair; if one write fails, removes the files already
-// written so that a failed run leaves no output behind, then rethrows.
-void write_all(const std::vector<std::pair<std::string, const Tensor*>>& files) {
-  std::vector<std::string> written;
-  try {
-    for (const auto& [path, tensor] : files) {
-      io::write_npy(path, *tensor);
-      written.push_back(path);
-    }
-  } catch (...) {
-    std::error_code ignored;
-    for (const std::string& path : written) std::filesystem::remove(path, ignored);
-    throw;
   }
 }
 
@@ -240,8 +214,13 @@ std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::st
 
 int run_command(const RunArgs& args) {
   try {
-    check_distinct_outputs(args);
     check_layout_flags(args);
+    // Every output path is checked before any file is read (io/output_files.h: the same
+    // file twice, a directory, a missing folder are refused before any work).
+    io::OutputFiles outputs;
+    outputs.add("--out", args.out);
+    if (args.weights) outputs.add("--weights", *args.weights);
+    if (args.lse) outputs.add("--lse", *args.lse);
     // The integer lists are parsed before any file is read: a typo costs nothing.
     std::optional<VarlenSequences> sequences;
     if (args.cu_seqlens_q) {
@@ -279,10 +258,10 @@ int run_command(const RunArgs& args) {
       result = forward(query.view(), key.view(), value.view(), options, returns);
     }
 
-    std::vector<std::pair<std::string, const Tensor*>> files{{args.out, &result.output}};
-    if (args.weights) files.emplace_back(*args.weights, &result.weights);
-    if (args.lse) files.emplace_back(*args.lse, &result.lse);
-    write_all(files);
+    std::vector<std::string> files{io::encode_npy(result.output, "--out")};
+    if (args.weights) files.push_back(io::encode_npy(result.weights, "--weights"));
+    if (args.lse) files.push_back(io::encode_npy(result.lse, "--lse"));
+    outputs.write({files.begin(), files.end()});
     return kExitOk;
   } catch (const Error& e) {
     return report_error(cli_message(e, args));

@@ -1,21 +1,61 @@
 // sdpa: the command-line front end. Parses arguments with CLI11 and dispatches to the
 // commands in commands.cpp; every computation goes through the public API.
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <csignal>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
 
 #include "commands.h"
 #include "sdpa/sdpa.h"
 
 namespace {
 
-// For unsigned 64-bit options: CLI11 would wrap "-1" to 2^64 − 1 without a word.
-const CLI::Validator kNonNegative(
-    [](std::string& text) {
-      return text.find('-') == std::string::npos ? std::string() : "expected a non-negative integer, got " + text;
-    },
-    "UINT64");
+// Every numeric flag is checked by one of these before CLI11 converts it: CLI11 2.1
+// takes an empty value ("--scale \"\"", a script's unset variable) as 0, saturates an
+// unsigned value beyond 2^64 - 1 and wraps a negative one. The whole text must be one
+// number of the flag's type, within [low, high]; the error names the flag (exit 2).
+// Ranges the library defines (dropout in [0, 1), window >= -1) are left to its one
+// validation point, whose errors run_command words with the flag's name.
+template <typename T>
+CLI::Validator number(T low, T high, const std::string& kind) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const std::string got = text.empty() ? "an empty value" : "'" + text + "'";
+        std::string_view digits = text;
+        if (digits.size() > 1 && digits[0] == '+' && digits[1] != '-') digits.remove_prefix(1);
+        T value{};
+        const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        if (error == std::errc::result_out_of_range) return "expected " + kind + ", got " + got + " (out of range)";
+        if (error != std::errc() || end != digits.data() + digits.size()) return "expected " + kind + ", got " + got;
+        if constexpr (std::is_floating_point_v<T>) {
+          if (!std::isfinite(value)) return "expected " + kind + ", got " + got;
+        }
+        if (value < low || value > high) return "expected " + kind + ", got " + got;
+        return {};
+      },
+      kind);
+}
+
+constexpr double kLargest = std::numeric_limits<double>::max();
+constexpr std::int64_t kLargestInt64 = std::numeric_limits<std::int64_t>::max();
+// Threads beyond this are a typo, not a machine: refused before OpenMP tries to start them.
+constexpr int kMostThreads = 4096;
+
+const CLI::Validator kFinite = number<double>(-kLargest, kLargest, "a finite number");
+const CLI::Validator kUint64 =
+    number<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max(), "an integer in [0, 2^64 - 1]");
+const CLI::Validator kInt64 =
+    number<std::int64_t>(std::numeric_limits<std::int64_t>::min(), kLargestInt64, "a 64-bit integer");
+const CLI::Validator kThreads = number<int>(0, kMostThreads, "an integer in [0, 4096] (0 = all)");
+const CLI::Validator kCount = number<int>(0, std::numeric_limits<int>::max(), "an integer >= 0");
+const CLI::Validator kRepeats = number<int>(1, 1000000, "an integer in [1, 1000000]");
+const CLI::Validator kIndex = number<std::int64_t>(0, kLargestInt64, "an integer >= 0");
 
 using sdpa::cli::BenchArgs;
 using sdpa::cli::CheckArgs;
@@ -78,12 +118,15 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   run->add_option("--causal", a.causal, "Causal alignment: none, top-left (PyTorch is_causal), bottom-right (KV cache)")
       ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
       ->capture_default_str();
-  flags.scale_option = run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))");
+  flags.scale_option =
+      run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))")->check(kFinite);
   run->add_option("--window-left", a.window_left,
                   "Sliding window: query i sees keys j >= d(i) - N, d(i) its diagonal key (-1 = unbounded)")
+      ->check(kInt64)
       ->capture_default_str();
   run->add_option("--window-right", a.window_right,
                   "Sliding window: query i sees keys j <= d(i) + N (-1 = unbounded; causal caps it at 0)")
+      ->check(kInt64)
       ->capture_default_str();
   flags.alignment_option =
       run->add_option("--alignment", flags.alignment,
@@ -91,18 +134,21 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
                       "(default: the --causal alignment, else bottom-right)")
           ->check(CLI::IsMember({"top-left", "bottom-right"}));
   run->add_option("--softcap", a.softcap, "Logit softcapping: scores become X * tanh(scores / X) (0 = off)")
+      ->check(kFinite)
       ->capture_default_str();
   flags.alibi_slopes_option =
       run->add_option("--alibi-slopes", flags.alibi_slopes,
                       "ALiBi slopes .npy, float32/64, (Hq,) or (batch..., Hq): adds -slope[h] * |d(i) - j|");
-  run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")->capture_default_str();
+  run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")
+      ->check(kFinite)
+      ->capture_default_str();
   run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")
-      ->check(kNonNegative)
+      ->check(kUint64)
       ->capture_default_str();
   run->add_option("--offset", a.offset, "Dropout counter offset")
-      ->check(kNonNegative)
+      ->check(kUint64)
       ->capture_default_str();
-  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->capture_default_str();
+  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->check(kThreads)->capture_default_str();
   run->add_option("--backend", a.backend, "auto, cpu or reference (the float64 oracle)")
       ->check(CLI::IsMember({"auto", "cpu", "reference"}))
       ->capture_default_str();
@@ -127,9 +173,11 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
 void add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* check = app.add_subcommand("check", "Compare the CPU backend with the float64 oracle on random cases");
   check->add_option("--cases", args.cases, "Number of random configurations")
-      ->check(kNonNegative)
+      ->check(kCount)
       ->capture_default_str();
-  check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")->capture_default_str();
+  check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")
+      ->check(kUint64)
+      ->capture_default_str();
   check->add_flag("--verbose", args.verbose, "Print every case");
   check->add_flag("--backward", args.backward,
                   "Also compare the gradients (dQ, dK, dV and a float mask's) of a random dO");
@@ -138,6 +186,9 @@ void add_check_command(CLI::App& app, CheckArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader that goes away (a FIFO, `| head`) makes a write fail with EPIPE, reported
+  // and cleaned up as any failed write, instead of killing the process mid-write.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"sdpa: exact scaled dot-product attention, softmax(Q K^T * scale + mask) V", "sdpa"};
   app.set_version_flag("--version", std::string("sdpa ") + sdpa::version());
   app.require_subcommand(1);
@@ -150,8 +201,10 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmark the forward over the grid, with FMA/bf16/stream probes");
   bench->add_flag("--quick", bench_args.quick, "Skip the L = S = 8192 points");
   bench->add_flag("--json", bench_args.json, "Print the results as JSON");
-  bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")->capture_default_str();
-  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->capture_default_str();
+  bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")
+      ->check(kRepeats)
+      ->capture_default_str();
+  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->check(kThreads)->capture_default_str();
   bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
   bench->add_flag("--backward", bench_args.backward,
                   "Time forward + backward (training; backward counted as 2.5x the forward's FLOPs)");
@@ -174,15 +227,16 @@ int main(int argc, char** argv) {
   viz->add_option("--weights,-w", viz_args.weights, "Matrix (..., L, S) .npy, e.g. from sdpa run --weights")->required();
   viz->add_option("--out,-o", viz_args.out, "PNG file to write")->required();
   viz->add_option("--index", viz_args.index, "Leading indices of the matrix to draw, e.g. 0,3 (default: all 0)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(kIndex);
   viz->add_option("--title", viz_args.title, "Title (default: the file name and index)");
   viz->add_option("--xlabel", viz_args.xlabel, "x-axis label")->capture_default_str();
   viz->add_option("--ylabel", viz_args.ylabel, "y-axis label")->capture_default_str();
   viz->add_option("--labels", viz_args.labels, "Token labels for rows and columns, comma-separated")->delimiter(',');
   viz->add_option("--row-labels", viz_args.row_labels, "Row labels, comma-separated")->delimiter(',');
   viz->add_option("--col-labels", viz_args.col_labels, "Column labels, comma-separated")->delimiter(',');
-  viz->add_option("--vmin", viz_args.vmin, "Bottom of the colour scale (default: from the data)");
-  viz->add_option("--vmax", viz_args.vmax, "Top of the colour scale (default: from the data)");
+  viz->add_option("--vmin", viz_args.vmin, "Bottom of the colour scale (default: from the data)")->check(kFinite);
+  viz->add_option("--vmax", viz_args.vmax, "Top of the colour scale (default: from the data)")->check(kFinite);
   viz->add_flag("--no-values", viz_args.no_values, "Do not write the values into the cells");
 
   try {

@@ -41,7 +41,7 @@ struct RopeOptions {
 
 // Rotates `x` in place: x is (..., L, D), float32 or float64, any strides; row l of
 // every leading index is at position `position_offset + l`. Throws sdpa::Error on a bad
-// dtype, rank, odd rotary dim or base ≤ 0.
+// dtype, rank, odd rotary dim, base ≤ 0, or a last position beyond int64.
 void apply_rope(const TensorView& x, std::int64_t position_offset, const RopeOptions& options = {});
 
 // ---- Initialisation ----------------------------------------------------------------
@@ -62,6 +62,10 @@ void xavier_normal(const TensorView& weight, std::uint64_t seed, double gain = 1
 // Keys (B, Hkv, T, D) and values (B, Hkv, T, Dv) of the tokens seen so far, stored as
 // (B, Hkv, capacity, ·) so that keys() and values() are strided views sdpa::forward
 // reads directly. Capacity doubles when an append needs more.
+//
+// Not thread-safe: append() and truncate() change the length and may move the storage
+// that keys() and values() point into. A cache belongs to one thread (one per
+// sequence being decoded); share one only behind your own lock.
 class KVCache {
  public:
   KVCache() = default;

@@ -55,8 +55,11 @@ struct Options {
   std::uint64_t offset = 0;
 
   Backend backend = Backend::automatic;
-  // Threads for the CPU backend; 0 = OpenMP's default. Results do not depend on it.
+  // Threads for the CPU backend; 0 = OpenMP's default, at most kMaxThreads (more is a
+  // typo, not a machine: OpenMP would crash trying to start them). Results do not
+  // depend on it.
   int num_threads = 0;
+  static constexpr int kMaxThreads = 4096;
 };
 
 }  // namespace sdpa

@@ -24,6 +24,13 @@ std::string to_string(const Shape& shape) {
   return out.str();
 }
 
+// A double as a person would write it (1e+39, 0.125), not std::to_string's 39 digits.
+std::string to_string(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
 [[noreturn]] void fail(const std::string& argument, const std::string& message,
                        ErrorKind kind = ErrorKind::value) {
   throw Error(kind, argument, message);
@@ -143,14 +150,25 @@ Operand make_operand(const TensorView& view, const Shape& batch_shape, std::int6
   return op;
 }
 
-void check_options(const Options& options) {
+// `query_dtype` sets the compute dtype: float64 for float64, float32 for the others.
+void check_options(const Options& options, DType query_dtype) {
   if (options.scale && !std::isfinite(*options.scale))
     fail("options.scale", "expected a finite number, got " + std::to_string(*options.scale));
+  // A scale or cap finite in double but not in float32 (1e39) would make every float32
+  // score infinite and every output NaN: refused, naming the compute dtype.
+  const auto check_fits_float32 = [&](const char* name, double value) {
+    if (query_dtype != DType::float64 && std::abs(value) > std::numeric_limits<float>::max())
+      fail(name, "expected a number finite in float32, the compute dtype of " + std::string(dtype_name(query_dtype)) +
+                     " inputs (|x| <= 3.4e38), got " + to_string(value));
+  };
+  if (options.scale) check_fits_float32("options.scale", *options.scale);
+  check_fits_float32("options.softcap", options.softcap);
   const double p = options.dropout_p;
   if (!(p >= 0.0 && p < 1.0))
     fail("options.dropout_p", "expected a probability in [0, 1), got " + std::to_string(p));
-  if (options.num_threads < 0)
-    fail("options.num_threads", "expected >= 0 (0 = default), got " + std::to_string(options.num_threads));
+  if (options.num_threads < 0 || options.num_threads > Options::kMaxThreads)
+    fail("options.num_threads", "expected an integer in [0, " + std::to_string(Options::kMaxThreads) +
+                                    "] (0 = default), got " + std::to_string(options.num_threads));
   if (options.window_left < -1)
     fail("options.window_left", "expected >= 0, or -1 for unbounded, got " + std::to_string(options.window_left));
   if (options.window_right < -1)
@@ -208,7 +226,7 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
   in.key = &key;
   in.value = &value;
   in.options = &options;
-  check_options(options);
+  check_options(options, query.dtype);
 
   const char* names[] = {"query", "key", "value"};
   const TensorView* views[] = {&query, &key, &value};
@@ -568,7 +586,7 @@ struct PackedSizes {
 
 PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key, const TensorView& value,
                                   const VarlenSequences& sequences, const Options& options) {
-  check_options(options);
+  check_options(options, query.dtype);
   check_no_mask(options);
   check_float_operands({{&query, "query"}, {&key, "key"}, {&value, "value"}}, 3, "rank 3 (heads, total, dim)");
   const PackedSizes n{query.shape[0], key.shape[0], query.shape[1], key.shape[1], query.shape[2], value.shape[2],
@@ -671,7 +689,7 @@ struct PagedSizes {
 };
 
 PagedSizes check_paged_operands(const TensorView& query, const PagedKV& cache, const Options& options) {
-  check_options(options);
+  check_options(options, query.dtype);
   check_no_mask(options);
   check_float_operands({{&query, "query"}, {&cache.key_pages, "key_pages"}, {&cache.value_pages, "value_pages"}}, 4,
                        "rank 4 ((batch, heads, seq, dim) for the query, (pages, heads, page_size, dim) for pages)");

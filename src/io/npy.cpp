@@ -12,14 +12,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "common/half.h"
 #include "io/file.h"
+#include "io/output_files.h"
 #include "sdpa/error.h"
 
 namespace sdpa::io {
@@ -398,10 +397,10 @@ Tensor read_npy(const std::string& path) {
   return parse_npy(contents.data(), contents.size(), path);
 }
 
-void write_npy(const std::string& path, const Tensor& tensor) {
+std::string encode_npy(const Tensor& tensor, const std::string& name) {
   // Refuse to write what read_npy would refuse to read back.
   if (tensor.shape().size() > kMaxRank) {
-    fail(path, "expected at most " + std::to_string(kMaxRank) + " dimensions to write, got " +
+    fail(name, "expected at most " + std::to_string(kMaxRank) + " dimensions to write, got " +
                    std::to_string(tensor.shape().size()));
   }
   const DType dtype = tensor.dtype();
@@ -440,36 +439,25 @@ void write_npy(const std::string& path, const Tensor& tensor) {
 
   // The data in little-endian order, converting bfloat16 to float32.
   const std::size_t count = static_cast<std::size_t>(tensor.numel());
-  std::vector<std::byte> data(count * itemsize);
+  std::string bytes = preamble + header;
+  const std::size_t data_start = bytes.size();
+  bytes.resize(data_start + count * itemsize);
+  char* data = bytes.data() + data_start;
   if (dtype == DType::bfloat16) {
     const auto* src = static_cast<const std::byte*>(tensor.data());
     for (std::size_t i = 0; i < count; ++i) {
       std::uint16_t bits;
       std::memcpy(&bits, src + 2 * i, 2);
       const float value = detail::bf16_to_float(bits);
-      std::memcpy(data.data() + 4 * i, &value, 4);
+      std::memcpy(data + 4 * i, &value, 4);
     }
   } else if (count != 0) {
-    std::memcpy(data.data(), tensor.data(), data.size());
+    std::memcpy(data, tensor.data(), count * itemsize);
   }
-  if constexpr (!kLittleEndianHost) byte_swap(data.data(), count, itemsize);
-
-  // Written beside the destination and renamed over it only when complete: a failed
-  // write (a full disk) leaves neither a truncated file nor a clobbered old one.
-  const std::string partial = path + ".partial";
-  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-  if (!out) fail(path, "expected a writable path, got one that cannot be opened for writing");
-  out.write(preamble.data(), static_cast<std::streamsize>(preamble.size()));
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-  out.close();
-  std::error_code error;
-  if (out) std::filesystem::rename(partial, path, error);
-  if (!out || error) {
-    std::filesystem::remove(partial, error);
-    fail(path,
-         "expected to write " + std::to_string(kPreamble + header.size() + data.size()) + " bytes, got a write error");
-  }
+  if constexpr (!kLittleEndianHost) byte_swap(reinterpret_cast<std::byte*>(data), count, itemsize);
+  return bytes;
 }
+
+void write_npy(const std::string& path, const Tensor& tensor) { write_file(path, encode_npy(tensor, path)); }
 
 }  // namespace sdpa::io

@@ -19,8 +19,14 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name);
 // Reads a .npy file from disk; throws sdpa::Error naming `path`.
 Tensor read_npy(const std::string& path);
 
-// Writes `tensor` as a version 1.0 .npy file, little-endian, C order. bfloat16 has no
-// NumPy dtype: it is written as float32. Throws sdpa::Error if the file cannot be written.
+// The bytes of `tensor` as a version 1.0 .npy file, little-endian, C order. bfloat16 has
+// no NumPy dtype: it is written as float32. Throws sdpa::Error naming `name` for a tensor
+// read_npy could not read back.
+std::string encode_npy(const Tensor& tensor, const std::string& name);
+
+// Writes encode_npy(tensor) to `path` as io::write_file does (output_files.h: a regular
+// file replaced atomically, a device or FIFO written directly). Throws sdpa::Error
+// naming `path` if it cannot be written; a failed write leaves the old file as it was.
 void write_npy(const std::string& path, const Tensor& tensor);
 
 }  // namespace sdpa::io

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "io/output_files.h"
 #include "sdpa/error.h"
 
 namespace sdpa::io {
@@ -52,11 +53,21 @@ void write_png(const std::string& path, const Image& image) {
   png.width = static_cast<png_uint_32>(image.width);
   png.height = static_cast<png_uint_32>(image.height);
   png.format = PNG_FORMAT_RGB;
-  if (!png_image_write_to_file(&png, path.c_str(), 0, image.rgb.data(), 0, nullptr)) {
+  // Encoded in memory, then written as every output file is (io/output_files.h).
+  png_alloc_size_t size = 0;
+  std::string bytes;
+  bool encoded = png_image_write_get_memory_size(png, size, 0, image.rgb.data(), 0, nullptr) != 0;
+  if (encoded) {
+    bytes.resize(size);
+    encoded = png_image_write_to_memory(&png, bytes.data(), &size, 0, image.rgb.data(), 0, nullptr) != 0;
+  }
+  if (!encoded) {
     const std::string message = png.message;
     png_image_free(&png);
-    throw Error(ErrorKind::value, path, "expected a writable PNG path, got an error: " + message);
+    throw Error(ErrorKind::value, path, "expected an image PNG can encode, got an error: " + message);
   }
+  bytes.resize(size);
+  write_file(path, bytes);
 }
 
 Image read_png(const std::string& path) {

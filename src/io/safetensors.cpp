@@ -12,13 +12,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string_view>
 
 #include "io/file.h"
+#include "io/output_files.h"
 #include "sdpa/error.h"
 
 namespace sdpa::io {
@@ -365,12 +365,7 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, const
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::string bytes = serialize_safetensors(tensors, metadata);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(path, "expected a writable path, got one that cannot be opened for writing");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) fail(path, "expected to write " + std::to_string(bytes.size()) + " bytes, got a write error");
+  write_file(path, serialize_safetensors(tensors, metadata));
 }
 
 }  // namespace sdpa::io

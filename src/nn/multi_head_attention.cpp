@@ -184,6 +184,15 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   const std::int64_t past = cache != nullptr ? cache->length() : 0;
   const std::int64_t S = past + S_new;
   if (call.num_threads < 0) fail("call.num_threads", "expected >= 0, got " + std::to_string(call.num_threads));
+  // RoPE positions run from past + offset to past + offset + max(L, S_new) − 1.
+  std::int64_t last_position = 0;
+  if (c.rope && (__builtin_add_overflow(past, call.position_offset, &last_position) ||
+                 __builtin_add_overflow(last_position, std::max<std::int64_t>(std::max(L, S_new), 1) - 1,
+                                        &last_position))) {
+    fail("call.position_offset", "expected an offset whose last RoPE position (cache length " + std::to_string(past) +
+                                     " + offset + " + std::to_string(std::max(L, S_new) - 1) +
+                                     ") fits in int64, got " + std::to_string(call.position_offset));
+  }
   detail::MergedMask mask = detail::merge_masks(call.mask, call.key_padding_mask, batch, Hq, L, S, batched);
 
   // ---- projections: (B, L, H·D) rows.

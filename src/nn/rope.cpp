@@ -92,6 +92,15 @@ void apply_rope(const TensorView& x, std::int64_t position_offset, const RopeOpt
   if (!(options.base > 0) || !std::isfinite(options.base)) {
     throw Error(ErrorKind::value, "options.base", "expected a finite base > 0, got " + std::to_string(options.base));
   }
+  // The last row's position, offset + L − 1, must fit in int64 (its sum was signed
+  // overflow, undefined behaviour, for offsets near 2^63).
+  const std::int64_t rows = x.shape[x.rank() - 2];
+  std::int64_t last_position = 0;
+  if (rows > 0 && __builtin_add_overflow(position_offset, rows - 1, &last_position)) {
+    throw Error(ErrorKind::value, "position_offset",
+                "expected an offset whose last position (offset + " + std::to_string(rows - 1) +
+                    ") fits in int64, got " + std::to_string(position_offset));
+  }
   if (x.numel() == 0 || rotary_dim == 0) return;
   if (x.data == nullptr) throw Error(ErrorKind::value, "x", "expected data, got a null pointer");
   if (x.dtype == DType::float32) {

@@ -108,6 +108,34 @@ TEST(Validation, NonFiniteScale) {
   }
 }
 
+// Issue #12: 1e39 is finite in double but infinite in float32, the compute dtype of the
+// float32/bfloat16/float16 kernels: every output came out NaN. float64 computes in double
+// and accepts it.
+TEST(Validation, ScaleOrSoftcapNotFiniteInTheComputeDtype) {
+  Call c = valid_call();
+  c.options.scale = 1e39;
+  expect_rejected(c, "options.scale", {"finite in float32", "float32 inputs", "1e+39"});
+  c = valid_call();
+  c.options.softcap = 1e39;
+  expect_rejected(c, "options.softcap", {"finite in float32"});
+  c = valid_call();
+  c.options.scale = -3e38;  // the largest floats are fine
+  EXPECT_NO_THROW(forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options));
+  Tensor q(DType::float64, {1, 2, 8}), k(DType::float64, {1, 3, 8}), v(DType::float64, {1, 3, 4});
+  Options options;
+  options.scale = 1e39;
+  EXPECT_NO_THROW(forward(q.view(), k.view(), v.view(), options));
+}
+
+// Issue #12: OpenMP crashed starting 100000 threads.
+TEST(Validation, ThreadCountBeyondTheLimit) {
+  for (int threads : {-1, Options::kMaxThreads + 1, 100000}) {
+    Call c = valid_call();
+    c.options.num_threads = threads;
+    expect_rejected(c, "options.num_threads", {"[0, 4096]"});
+  }
+}
+
 TEST(Validation, NullData) {
   Call c = valid_call();
   TensorView null_key = c.k.view();

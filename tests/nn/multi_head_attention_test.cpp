@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -537,6 +538,19 @@ TEST(MultiHeadAttentionTest, RejectsBadConfigurationsAndInputs) {
   call = {};
   call.key_padding_mask = pad.view();
   bad_call(x.view(), x.view(), x.view(), call, "call.key_padding_mask");
+
+  // Issue #12: with RoPE, positions past + offset + l overflowed int64 near 2^63.
+  MultiHeadAttentionConfig with_rope = config(8, 2);
+  with_rope.rope = RopeOptions{};
+  MultiHeadAttention rotary(with_rope);
+  call = {};
+  call.position_offset = std::numeric_limits<std::int64_t>::max() - 1;  // 3 tokens: last at 2^63
+  try {
+    rotary.forward(x.view(), x.view(), x.view(), call);
+    ADD_FAILURE() << "accepted a position offset whose last position overflows";
+  } catch (const sdpa::Error& e) {
+    EXPECT_EQ(e.argument(), "call.position_offset") << e.what();
+  }
 }
 
 }  // namespace

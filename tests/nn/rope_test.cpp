@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -170,6 +171,22 @@ TEST(RopeTest, Float32AgreesWithFloat64) {
   apply_rope(expected.view(), 4096);
   apply_rope(x32.view(), 4096);
   EXPECT_LT(sdpa::testing::max_abs_diff(sdpa::testing::to_float64(x32.view()), expected), 1e-5);
+}
+
+// Issue #12: offset + l overflowed int64 (undefined behaviour) for offsets near 2^63;
+// the largest offset whose last row still fits is accepted.
+TEST(RopeTest, RejectsAnOffsetWhoseLastPositionOverflows) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  Tensor x = random64({4, 6}, 9);
+  try {
+    apply_rope(x.view(), kMax - 2);
+    ADD_FAILURE() << "accepted offset 2^63 - 3 for 4 rows";
+  } catch (const sdpa::Error& e) {
+    EXPECT_EQ(e.argument(), "position_offset");
+    EXPECT_NE(std::string(e.what()).find("fits in int64"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(apply_rope(x.view(), kMax - 3));
+  EXPECT_NO_THROW(apply_rope(x.view(), std::numeric_limits<std::int64_t>::min()));
 }
 
 TEST(RopeTest, RejectsBadArguments) {
