@@ -5,6 +5,7 @@ tensor is copied on the way in or out."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 
@@ -15,6 +16,7 @@ from . import _core
 _CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}
 _LAYOUTS = ("HND", "NHD")
 _UINT64_END = 1 << 64
+_INT64_END = 1 << 63
 
 
 def _torch_module():
@@ -36,19 +38,36 @@ class _Torch:
 
         self.torch = torch
 
-    def prepare(self, name, x):
+    def prepare(self, name, x, output=False):
+        """x as the library can read it (`output`: write it) in place, or the error that says
+        why not. The one place where a torch argument's kind of tensor is checked."""
         torch = self.torch
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor like the query, got {type(x).__module__}.{type(x).__name__}")
+        # A nested tensor reports layout torch.strided (unless it is jagged) but has no sizes.
+        if x.is_nested:
+            raise TypeError(f"{name}: expected a strided (dense) tensor, got a nested tensor")
         if x.layout != torch.strided:
             raise TypeError(f"{name}: expected a strided (dense) tensor, got layout {x.layout}")
+        if x.is_quantized:  # DLPack has no quantized types
+            raise TypeError(f"{name}: expected a tensor of plain numbers, got the quantized dtype {x.dtype}")
         if x.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device} (sdpa has no GPU backend yet)")
         # A tensor that requires grad stays attached: _run sends it through the autograd op
         # (sdpa/_autograd.py), or detaches it (a view, no copy) when no gradient is wanted.
-        # A lazily negated view cannot be exported through DLPack. (Under torch.compile the
-        # custom op resolves it, and the check would break the graph.)
-        if not torch.compiler.is_compiling() and x.is_neg():
+        # (Under torch.compile the custom op resolves the bits below, and the checks would
+        # break the graph.)
+        if torch.compiler.is_compiling():
+            return x
+        # A lazily negated view (torch._neg_view, z.conj().imag) holds -x in memory, and
+        # DLPack exports that memory as it is. An input is resolved (a negated copy, read
+        # once); an output cannot be: the library would write the copy, which the caller
+        # never sees (or, unresolved, the memory, which the caller reads negated).
+        if output and (x.is_neg() or x.is_conj()):
+            bit = "negative bit (torch._neg_view, z.conj().imag)" if x.is_neg() else "conjugate bit (z.conj())"
+            raise TypeError(f"{name}: expected a tensor whose memory holds its values, got a view with torch's lazy "
+                            f"{bit}, which the library cannot write in place")
+        if x.is_neg():
             x = x.resolve_neg()
         return x
 
@@ -75,12 +94,28 @@ class _Torch:
 class _NumPy:
     """Inputs and outputs as NumPy arrays (anything np.asarray accepts comes in)."""
 
-    def prepare(self, name, x):
+    def prepare(self, name, x, output=False):
+        """x as an array the library can read (`output`: write) in place, or the error that
+        says why not. The one place where a NumPy argument's kind of array is checked."""
         if _is_torch_tensor(x):
             raise TypeError(f"{name}: expected a NumPy array like the query, got a torch.Tensor")
+        if output and not isinstance(x, np.ndarray):
+            # np.asarray would make a new array: the result would go there, not to the caller.
+            kind = f"{type(x).__module__}.{type(x).__name__}"
+            raise TypeError(f"{name}: expected a NumPy array like the query, got {kind}")
         a = np.asarray(x)  # an ndarray passes through untouched
-        if a.dtype.kind not in "biufc" or not a.dtype.isnative:
+        # DLPack (and so the binding) has no extended precision (np.longdouble, float128).
+        extended = a.dtype.itemsize > {"f": 8, "c": 16}.get(a.dtype.kind, a.dtype.itemsize)
+        if a.dtype.kind not in "biufc" or not a.dtype.isnative or extended:
             raise TypeError(f"{name}: expected float16, float32 or float64 (bool for a mask), got {a.dtype}")
+        # DLPack strides count elements; a field of a structured array steps over the other
+        # fields, by a byte count that is no multiple of its own size. (Dims of size 1 have
+        # no step to express, as NumPy's own DLPack export rules.)
+        if a.size > 1 and any(n > 1 and s % a.itemsize for n, s in zip(a.shape, a.strides)):
+            raise ValueError(f"{name}: expected strides that are whole elements of {a.itemsize} bytes, got byte "
+                             f"strides {a.strides} (a field of a structured array?)")
+        if output and not a.flags.writeable:
+            raise ValueError(f"{name}: expected a writable array, got a read-only one")
         return a
 
     def empty(self, shape, dtype):
@@ -107,29 +142,57 @@ def _framework(query):
     return _Torch() if _is_torch_tensor(query) else _NumPy()
 
 
+# Python numbers become the C++ library's double, int64_t and uint64_t here, so that a
+# value those cannot hold gets the library's kind of error naming the argument, not
+# nanobind's "incompatible function arguments" or float()'s OverflowError. The ranges that
+# mean something (p < 1, window >= -1, ...) stay the library's to check.
+
+def _real(name, value, expected="a float") -> float:
+    """A Python number as a float. An int beyond the float range becomes ±inf, which the
+    library refuses in its own words wherever a value must be finite."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _power_of_two(n: int) -> str:
+    return "0" if n == 0 else ("-" if n < 0 else "") + f"2**{abs(n).bit_length() - 1}"
+
+
+def _integer(name, value, *, low=-_INT64_END, end=_INT64_END, expected="an int") -> int:
+    """An int in [low, end): int64 unless told (low and end are 0 or powers of two)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+    value = int(value)
+    if not low <= value < end:
+        shown = str(value) if value.bit_length() <= 256 else f"an int of {value.bit_length()} bits"
+        raise ValueError(f"{name}: expected an integer in [{_power_of_two(low)}, {_power_of_two(end)}), got {shown}")
+    return value
+
+
+def _seed_value(name, seed, expected="an int") -> int:
+    """A Philox seed: a uint64."""
+    return _integer(name, seed, low=0, end=_UINT64_END, expected=expected)
+
+
 def _dropout(dropout_p) -> float:
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
-    return float(dropout_p)  # the range is checked by the library
+    return _real("dropout_p", dropout_p)  # the range is checked by the library
 
 
 def _scale(scale):
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    return float(scale)  # finiteness is checked by the library
+    return _real("scale", scale, "a float or None")  # finiteness is checked by the library
 
 
 def _seed(fw, seed, dropout_p: float) -> int:
     if seed is None:
         # p = 0 draws nothing, so inference does not advance the caller's generator.
         return fw.draw_seed() if dropout_p > 0 else 0
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed: expected an int or None, got {type(seed).__name__}")
-    if not 0 <= int(seed) < _UINT64_END:
-        raise ValueError(f"seed: expected an integer in [0, 2**64), got {int(seed)}")
-    return int(seed)
+    return _seed_value("seed", seed, "an int or None")
 
 
 def _causal(causal) -> str:
@@ -160,16 +223,18 @@ def _window(window_size) -> tuple[int, int]:
         left, right = window_size
     except (TypeError, ValueError):
         raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}") from None
-    for n, side in enumerate((left, right)):
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise TypeError(f"window_size[{n}]: expected an int (-1 = unbounded), got {type(side).__name__}")
-    return int(left), int(right)
+    # The range (>= -1) is checked by the library.
+    return tuple(_integer(f"window_size[{n}]", side, expected="an int (-1 = unbounded)")
+                 for n, side in enumerate((left, right)))
 
 
 def _softcap(softcap) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap: expected a float (0 = off), got {type(softcap).__name__}")
-    return float(softcap)  # the range (finite, >= 0) is checked by the library
+    return _real("softcap", softcap, "a float (0 = off)")  # the range (finite, >= 0) is checked by the library
+
+
+def _reals(name, values) -> list[float]:
+    """A list or tuple of numbers, each a float as _real makes it."""
+    return [_real(f"{name}[{n}]", x) for n, x in enumerate(values)]
 
 
 def _slopes(fw, alibi_slopes):
@@ -179,7 +244,7 @@ def _slopes(fw, alibi_slopes):
     if alibi_slopes is None:
         return None
     if isinstance(alibi_slopes, (list, tuple)):
-        alibi_slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        alibi_slopes = np.asarray(_reals("alibi_slopes", alibi_slopes), dtype=np.float64)
     if isinstance(fw, _Torch):
         if isinstance(alibi_slopes, np.ndarray):
             alibi_slopes = fw.torch.from_numpy(alibi_slopes)
@@ -195,7 +260,8 @@ def _integers(fw, name, x):
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
-        return x.detach()
+        # DLPack exports a negated view's memory, the values' negatives, as they are.
+        return x.detach().resolve_neg()
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
@@ -205,9 +271,10 @@ def _integers(fw, name, x):
             x = x.astype(np.int64)  # np.asarray([]) is float64
     if x.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected int32 or int64, got {x.dtype}")
-    if isinstance(fw, _Torch):
-        return fw.torch.from_numpy(np.ascontiguousarray(x))
-    return x
+    # Packed (a small copy, which the binding makes anyway): a field of a structured array
+    # has strides DLPack cannot express.
+    x = np.ascontiguousarray(x)
+    return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
 
 
 class _Extras:
@@ -250,12 +317,7 @@ def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out
         q, k, v = q.detach(), k.detach(), v.detach()
         mask = None if mask is None else mask.detach()
     rows = tuple(q.shape[:-1])  # (..., Hq, L)
-    if out is None:
-        out = fw.empty(rows + tuple(v.shape[-1:]), q.dtype)
-    else:
-        out = fw.prepare("out", out)
-        if isinstance(out, np.ndarray) and not out.flags.writeable:
-            raise ValueError("out: expected a writable array, got a read-only one")
+    out = fw.empty(rows + tuple(v.shape[-1:]), q.dtype) if out is None else fw.prepare("out", out, output=True)
     weights_buffer = fw.empty(rows + tuple(k.shape[-2:-1]), q.dtype) if weights else None
     lse_buffer = fw.empty(rows, fw.lse_dtype(q)) if lse else None
     # The library validates everything (shapes, dtypes, mask broadcasting, overlap) before it
@@ -331,11 +393,14 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     attentions by their lse gets its gradient).
 
     Raises:
-        TypeError: a wrong dtype, or inputs of mixed frameworks.
+        TypeError: a wrong dtype, or inputs of mixed frameworks; an out= the library cannot
+            write in place (a torch view with the lazy negative or conjugate bit, such as
+            torch._neg_view(buf) or z.conj().imag; for NumPy, anything but an ndarray).
         ValueError: shapes that do not fit, a mask that does not broadcast, Hq % Hkv != 0,
             dropout_p outside [0, 1), a non-finite scale, a window side below -1, a negative
             or non-finite softcap, alibi_slopes of the wrong shape, an alignment that
-            contradicts causal. Nothing is written then.
+            contradicts causal, NumPy strides that are no whole number of elements (a field
+            of a structured array). Nothing is written then.
         NotImplementedError: return_weights or out with inputs that require grad.
     """
     causal = _causal(causal)

@@ -54,8 +54,8 @@ def _lse_gradient(grad_lse: Optional[torch.Tensor], lse: torch.Tensor) -> Option
 
 
 def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    # DLPack refuses tensors that require grad (detach: a view, no copy) and lazily negated
-    # or conjugated views.
+    # DLPack refuses tensors that require grad (detach: a view, no copy), and exports a
+    # lazily negated view's memory, the negatives of its values, as it is.
     if x is None:
         return None
     x = x.detach()

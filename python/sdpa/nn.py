@@ -7,6 +7,9 @@ embedding and a KV cache for incremental decoding.
 
 Weights load from a torch.nn.MultiheadAttention (its in_proj_weight, in_proj_bias,
 out_proj.weight, out_proj.bias), from a state dict, or from a safetensors file.
+
+For torch inputs that require grad the output is differentiable with respect to them (the
+backward is sdpa/_layer_autograd.py's); the layer's weights are constants.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._api import _framework, _is_torch_tensor
+from ._api import _framework, _integer, _is_torch_tensor, _real, _reals, _seed, _seed_value, _window
 
 _DTYPES = {"float32": "float32", "float64": "float64"}
+# What the binding reads through DLPack; other float parameters are converted first.
+_STATE_DICT_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_INT32_END = 1 << 31
 
 
 def _dtype_name(dtype) -> str:
@@ -29,11 +35,35 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _to_array(x):
-    """A NumPy view (or copy, for torch tensors needing it) of a parameter."""
+def _string(name, value) -> str:
+    # Which strings are valid is the binding's to say; here only that it is one.
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    return value
+
+
+def _state_dict_entry(name, x):
+    """A parameter as the binding reads it, in place where it can (the binding copies it into
+    the layer's dtype). torch tensors stay torch tensors: NumPy has no bfloat16, the usual
+    checkpoint dtype. A float dtype the binding cannot read (float8, np.longdouble) becomes
+    float64, which holds all of them but the longest long double's extra bits."""
     if _is_torch_tensor(x):
-        return x.detach().cpu().contiguous().numpy()
-    return np.asarray(x)
+        import torch
+
+        x = x.detach().cpu()
+        if x.is_quantized:
+            x = x.dequantize()
+        x = x.resolve_conj().resolve_neg()  # lazily negated views hold -x in memory
+        if x.is_floating_point() and str(x.dtype).replace("torch.", "") not in _STATE_DICT_FLOATS:
+            x = x.to(torch.float64)
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind not in "biufc":
+        raise TypeError(f"{name}: expected a tensor or array of floats, got {a.dtype}")
+    if a.dtype.kind == "f" and a.dtype.name not in _STATE_DICT_FLOATS:
+        a = a.astype(np.float64)
+    # Packed and native: DLPack expresses neither a structured array's field nor big-endian.
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
 
 
 class KVCache:
@@ -51,7 +81,7 @@ class KVCache:
 
     def truncate(self, length: int):
         """Keeps the first `length` positions (rolls back rejected speculative tokens)."""
-        self._core.truncate(length)
+        self._core.truncate(_integer("length", length))
 
     def keys(self):
         """A copy of the cached keys, (batch, kv_heads, length, head_dim), as NumPy."""
@@ -77,6 +107,15 @@ class MultiheadAttention:
     Calls take torch tensors (and return torch tensors) or NumPy arrays (and return
     NumPy arrays) of the layer's dtype. Dropout applies while `training` is True (as for a
     torch module, the default; call .eval() for inference).
+
+    Autograd: when torch inputs require grad (grad mode on), the output is differentiable
+    with respect to query, key, value and a float attn_mask / key_padding_mask; dropout is
+    replayed from the call's seed. The layer's weights are constants, not torch parameters
+    (it is not a torch.nn.Module): no gradient reaches them. The forward is the C++ layer's;
+    the backward recomputes the layer in torch (projections, RoPE) around sdpa's attention
+    op, as activation checkpointing does, so a call keeps only its inputs for the backward.
+    Such calls take need_weights=False (the weights are not differentiable) and no cache
+    (decoding is inference); both raise NotImplementedError.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -90,14 +129,24 @@ class MultiheadAttention:
             unknown = set(rope) - {"base", "layout", "rotary_dim"}
             if unknown:
                 raise ValueError(f"rope: expected keys 'base', 'layout', 'rotary_dim', got {sorted(unknown)}")
+        # The arguments in the binding's types; their ranges are the C++ layer's to check.
+        window_left, window_right = _window(window_size)
+        slopes = alibi_slopes.tolist() if hasattr(alibi_slopes, "tolist") else alibi_slopes  # tensors, arrays
+        # (base, layout, rotary_dim), as the C++ layer applies them; the backward's formula
+        # (sdpa/_layer_autograd.py) rotates with the same.
+        self._rope = None if rope is None else (_real("rope.base", rope.get("base", 10000.0)),
+                                                _string("rope.layout", rope.get("layout", "half_split")),
+                                                _integer("rope.rotary_dim", rope.get("rotary_dim", 0)))
+        rope_base, rope_layout, rotary_dim = self._rope or (None, "half_split", 0)
         self._core = _core.MultiHeadAttention(
-            embed_dim=int(embed_dim), num_heads=int(num_heads), num_kv_heads=int(num_kv_heads or 0),
-            head_dim=int(head_dim or 0), kdim=int(kdim or 0), vdim=int(vdim or 0), bias=bool(bias),
-            dropout=float(dropout), rope_base=None if rope is None else float(rope.get("base", 10000.0)),
-            rope_layout="half_split" if rope is None else rope.get("layout", "half_split"),
-            rotary_dim=0 if rope is None else int(rope.get("rotary_dim", 0)), dtype=_dtype_name(dtype), init=init,
-            seed=int(seed), window_left=int(window_size[0]), window_right=int(window_size[1]),
-            alibi_slopes=[] if alibi_slopes is None else [float(s) for s in alibi_slopes], softcap=float(softcap))
+            embed_dim=_integer("embed_dim", embed_dim), num_heads=_integer("num_heads", num_heads),
+            num_kv_heads=_integer("num_kv_heads", num_kv_heads or 0), head_dim=_integer("head_dim", head_dim or 0),
+            kdim=_integer("kdim", kdim or 0), vdim=_integer("vdim", vdim or 0), bias=bool(bias),
+            dropout=_real("dropout", dropout), rope_base=rope_base, rope_layout=rope_layout, rotary_dim=rotary_dim,
+            dtype=_dtype_name(dtype), init=_string("init", init),
+            seed=_seed_value("seed", seed), window_left=window_left, window_right=window_right,
+            alibi_slopes=[] if slopes is None else _reals("alibi_slopes", slopes), softcap=_real("softcap", softcap))
+        self._torch_parameters = None  # the weights as torch tensors, for the backward; made on demand
         self.batch_first = bool(batch_first)
         self.training = True
         config = self._core.config()
@@ -116,13 +165,15 @@ class MultiheadAttention:
     @classmethod
     def from_torch(cls, module, **kwargs):
         """A layer with the configuration and the weights of a torch.nn.MultiheadAttention.
-        Keyword arguments (e.g. rope=...) are passed to the constructor."""
+        Keyword arguments (e.g. rope=...) are passed to the constructor. The layer's dtype is
+        the module's, float32 for a float16 or bfloat16 module (the layer computes in float32
+        or float64; float32 is what the library accumulates those in); dtype= overrides it."""
         if module.bias_k is not None or module.add_zero_attn:
             raise NotImplementedError("add_bias_kv and add_zero_attn: not supported by sdpa.MultiheadAttention")
-        weight = module.out_proj.weight
+        weight_dtype = str(module.out_proj.weight.dtype).replace("torch.", "")
         layer = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=module.in_proj_bias is not None,
                     kdim=module.kdim, vdim=module.vdim, batch_first=module.batch_first,
-                    dtype=kwargs.pop("dtype", weight.dtype), **kwargs)
+                    dtype=kwargs.pop("dtype", weight_dtype if weight_dtype in _DTYPES else "float32"), **kwargs)
         layer.load_state_dict(module.state_dict())
         layer.training = module.training
         return layer
@@ -138,8 +189,10 @@ class MultiheadAttention:
     def load_state_dict(self, state_dict):
         """Replaces the weights. sdpa's names (q_proj.weight, ..., out_proj.bias) or torch's
         (in_proj_weight, in_proj_bias, q_proj_weight/k_proj_weight/v_proj_weight,
-        out_proj.weight, out_proj.bias); torch tensors or arrays of any float dtype."""
-        self._core.load_state_dict({str(k): _to_array(v) for k, v in state_dict.items()})
+        out_proj.weight, out_proj.bias); torch tensors or arrays of any float dtype (bfloat16
+        and float16 checkpoints included), converted to the layer's."""
+        self._core.load_state_dict({str(k): _state_dict_entry(str(k), v) for k, v in state_dict.items()})
+        self._torch_parameters = None
 
     def state_dict(self) -> dict:
         """The parameters under sdpa's names, as NumPy arrays (copies)."""
@@ -149,7 +202,8 @@ class MultiheadAttention:
         self._core.save_safetensors(str(path), dict(metadata or {}))
 
     def load_safetensors(self, path, prefix=""):
-        self._core.load_safetensors(str(path), prefix)
+        self._core.load_safetensors(str(path), _string("prefix", prefix))
+        self._torch_parameters = None
 
     # ---- modes ----------------------------------------------------------------------
 
@@ -162,7 +216,7 @@ class MultiheadAttention:
 
     def make_cache(self, batch: int, capacity: int = 0) -> KVCache:
         """A KV cache for `batch` sequences, for decoding a token (or a chunk) per call."""
-        return KVCache(self._core.make_cache(int(batch), int(capacity)))
+        return KVCache(self._core.make_cache(_integer("batch", batch), _integer("capacity", capacity)))
 
     # ---- the call -------------------------------------------------------------------
 
@@ -182,6 +236,9 @@ class MultiheadAttention:
         mask by itself (torch requires attn_mask with it; here it may stand alone, and with
         attn_mask both apply). cache: a KVCache from make_cache; this call's keys and values
         are appended to it and the queries attend to all of it (causal aligned to the end).
+
+        With torch inputs that require grad the output is differentiable (need_weights=False,
+        no cache; see the class).
         """
         fw = _framework(query)
         key = query if key is None else key
@@ -202,28 +259,63 @@ class MultiheadAttention:
             # torch: True = masked out; sdpa: True = takes part.
             if str(mask.dtype) in ("torch.bool", "bool"):
                 mask = ~mask if torch_in else np.logical_not(mask)
-            if mask.ndim == 3 and batched:
+            # (N·num_heads, L, S) as (N, num_heads, L, S); any other shape is the C++
+            # layer's to refuse (it must broadcast to (N, num_heads, L, S)).
+            if mask.ndim == 3 and batched and mask.shape[0] == query.shape[0] * self.num_heads:
                 mask = mask.reshape(query.shape[0], self.num_heads, mask.shape[-2], mask.shape[-1])
         padding = None if key_padding_mask is None else fw.prepare("key_padding_mask", key_padding_mask)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache: expected a KVCache from make_cache, got {type(cache).__name__}")
 
-        dropout_seed = 0
-        if self.training and self.dropout > 0:
-            dropout_seed = fw.draw_seed() if seed is None else int(seed)
-        output, weights = self._core.forward(
-            query, key, value, mask, padding, "top_left" if is_causal else "none", bool(need_weights),
-            self.training, dropout_seed, int(position_offset), None if cache is None else cache._core,
-            int(num_threads))
+        causal = "top_left" if is_causal else "none"
+        dropout_p = self.dropout if self.training else 0.0
+        dropout_seed = _seed(fw, seed, dropout_p)
+        position_offset = _integer("position_offset", position_offset)
+        num_threads = _integer("num_threads", num_threads, low=-_INT32_END, end=_INT32_END)
 
-        if need_weights and average_attn_weights:
-            weights = weights.mean(axis=1 if batched else 0)
-        if torch_in:
-            torch = fw.torch
-            output = torch.from_numpy(output)
-            weights = None if weights is None else torch.from_numpy(np.ascontiguousarray(weights))
+        def run(query, key, value, mask, padding):
+            """The C++ layer: it checks every argument before any work."""
+            return self._core.forward(query, key, value, mask, padding, causal, bool(need_weights), self.training,
+                                      dropout_seed, position_offset, None if cache is None else cache._core,
+                                      num_threads)
+
+        weights = None
+        if torch_in and fw.torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (query, key, value, mask, padding)):
+            output = self._differentiable(run, query, key, value, mask, padding, need_weights=bool(need_weights),
+                                          cache=cache, causal=causal, dropout_p=dropout_p, seed=dropout_seed,
+                                          position_offset=position_offset)
+        else:
+            output, weights = run(query, key, value, mask, padding)
+            if need_weights and average_attn_weights:
+                weights = weights.mean(axis=1 if batched else 0)
+            if torch_in:
+                torch = fw.torch
+                output = torch.from_numpy(output)
+                weights = None if weights is None else torch.from_numpy(np.ascontiguousarray(weights))
         if batched and not self.batch_first:
             output = swap(output)
             output = output.contiguous() if torch_in else np.ascontiguousarray(output)
         return output, weights
+
+    def _differentiable(self, run, query, key, value, mask, padding, *, need_weights, cache, causal, dropout_p, seed,
+                        position_offset):
+        """The output of `run` (the C++ layer), attached to autograd (sdpa/_layer_autograd.py)."""
+        if need_weights:
+            raise NotImplementedError("need_weights: the attention weights are not differentiable; pass "
+                                      "need_weights=False when a gradient is wanted, or ask for the weights in a "
+                                      "separate call under torch.no_grad()")
+        if cache is not None:
+            raise NotImplementedError("cache: decoding with a KV cache has no backward; call it under "
+                                      "torch.no_grad() or torch.inference_mode()")
+        from . import _layer_autograd
+
+        if self._torch_parameters is None:
+            self._torch_parameters = _layer_autograd.parameters(self._core)
+        formula = _layer_autograd.layer_formula(self._torch_parameters, self._core.config(), self._rope,
+                                                causal=causal, dropout_p=dropout_p, seed=seed,
+                                                position_offset=position_offset)
+        return _layer_autograd.apply(run, formula, query, key, value, mask, padding)
 
     def __repr__(self):
         return (f"sdpa.MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

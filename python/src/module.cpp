@@ -16,9 +16,13 @@
 #include <vector>
 
 #include "arrays.h"
+#include "errors.h"
 #include "sdpa/sdpa.h"
 
 namespace nb = nanobind;
+using sdpa_python::python_message;
+using sdpa_python::raise;
+using sdpa_python::Renames;
 
 // The layer classes (nn_module.cpp).
 void register_nn(nb::module_& m);
@@ -138,44 +142,6 @@ std::vector<std::int64_t> integers_of(const Input& a, const std::string& name, s
                                      : static_cast<const std::int64_t*>(a.data())[at]);
     }
   return values;
-}
-
-// The library names its arguments as C++ sees them; Python users know them by the names of
-// the Python function they called. Only the leading "<argument>:" changes: a struct prefix
-// goes (options.scale → scale, sequences.cu_seqlens_q → cu_seqlens_q, cache.block_table →
-// block_table), the window's two sides are window_size's two entries, and `renames` maps the
-// rest for one call (mask → attn_mask, output → out).
-using Renames = std::vector<std::pair<std::string, std::string>>;
-
-std::string python_name(const std::string& argument, const Renames& renames) {
-  std::string name = argument;
-  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs.", "config."}) {
-    const std::string p = prefix;
-    if (name.rfind(p, 0) == 0) {
-      name = name.substr(p.size());
-      break;
-    }
-  }
-  for (const auto& [from, to] : renames)
-    if (name == from) return to;
-  if (name == "window_left") return "window_size[0]";
-  if (name == "window_right") return "window_size[1]";
-  if (name == "blocks_per_sequence") return "block_table";
-  return name;
-}
-
-std::string python_message(const sdpa::Error& error, const Renames& renames) {
-  const std::string& argument = error.argument();
-  const std::string renamed = python_name(argument, renames);
-  const std::string what = error.what();
-  if (renamed == argument || what.rfind(argument, 0) != 0) return what;
-  return renamed + what.substr(argument.size());
-}
-
-[[noreturn]] void raise(const sdpa::Error& error, const Renames& renames) {
-  const std::string message = python_message(error, renames);
-  if (error.kind() == sdpa::ErrorKind::type) throw nb::type_error(message.c_str());
-  throw nb::value_error(message.c_str());
 }
 
 Renames dense_renames(const std::string& mask_name) { return {{"mask", mask_name}, {"output", "out"}}; }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "errors.h"
 #include "sdpa/nn.h"
 #include "sdpa/sdpa.h"
 
@@ -120,7 +121,7 @@ sdpa::nn::MultiHeadAttentionConfig make_config(std::int64_t embed_dim, std::int6
   c.dropout = dropout;
   if (rope_base) {
     if (rope_layout != "half_split" && rope_layout != "interleaved") {
-      throw nb::value_error(("rope_layout: expected 'half_split' or 'interleaved', got '" + rope_layout + "'").c_str());
+      throw nb::value_error(("rope.layout: expected 'half_split' or 'interleaved', got '" + rope_layout + "'").c_str());
     }
     c.rope = sdpa::nn::RopeOptions{
         *rope_base, rope_layout == "interleaved" ? sdpa::nn::RopeLayout::interleaved : sdpa::nn::RopeLayout::half_split,
@@ -155,10 +156,12 @@ nb::tuple forward(const sdpa::nn::MultiHeadAttention& layer, const Input& query,
   call.num_threads = num_threads;
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   sdpa::nn::AttentionResult result;
-  {
+  try {
     // The arrays stay referenced by this frame, so their memory outlives the call.
     nb::gil_scoped_release release;
     result = layer.forward(q, k, v, call);
+  } catch (const sdpa::Error& error) {
+    sdpa_python::raise(error, {{"mask", "attn_mask"}});  // call.mask is torch's attn_mask
   }
   nb::object weights = nb::none();
   if (need_weights) weights = nb::cast(to_numpy(std::move(result.weights)));

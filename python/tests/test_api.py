@@ -3,6 +3,7 @@ and devices, seeds, and the contract's corner cases (fully masked rows, NaN, emp
 against PyTorch."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -67,9 +68,56 @@ def test_read_only_numpy_out_is_refused_not_copied():
         sdpa.attention(q, q, q, out=np.broadcast_to(np.zeros((1, 3, 4)), (2, 3, 4)))
 
 
+def lazily_negated_views():
+    """(view, its memory): torch views whose memory holds the negatives of their values."""
+    buffer = torch.zeros(2, 3, 5, 4)
+    complex_buffer = torch.zeros(2, 3, 5, 4, dtype=torch.complex64)
+    return [(torch._neg_view(buffer), buffer), (complex_buffer.conj().imag, complex_buffer)]
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["neg_view", "conj_imag"])
+def test_lazily_negated_out_is_refused_and_its_memory_left_alone(case):
+    """Issue 12: out= a torch._neg_view or z.conj().imag was resolved into a temporary copy,
+    the library wrote the copy, and the caller's buffer never saw the result."""
+    view, memory = lazily_negated_views()[case]
+    assert view.is_neg()
+    q = packed(2, 3, 5, 4, seed=40)
+    with pytest.raises(TypeError, match=r"^out: expected a tensor whose memory holds its values, got a view with "
+                                        r"torch's lazy negative bit"):
+        sdpa.attention(q, q, q, out=view)
+    assert (memory == 0).all()
+
+
+def test_lazily_negated_inputs_are_read_as_their_values():
+    """An input with the negative bit is resolved (a copy, read once): the values count."""
+    q, k, v = packed(1, 2, 5, 4, seed=41), packed(1, 2, 6, 4, seed=42), packed(1, 2, 6, 3, seed=43)
+    out = sdpa.attention(torch._neg_view(-q), k, torch._neg_view(-v))
+    assert torch.equal(out, sdpa.attention(q, k, v))
+
+
+def test_out_that_is_not_an_array_is_refused_not_copied():
+    """np.asarray would turn a list into a new array, which the library would fill and the
+    caller would never see."""
+    q = np.ones((1, 3, 4))
+    with pytest.raises(TypeError, match="^out: expected a NumPy array like the query, got builtins.list"):
+        sdpa.attention(q, q, q, out=np.zeros((1, 3, 4)).tolist())
+
+
 # --- errors -------------------------------------------------------------------------------
 
 Q, K, V = packed(2, 4, 5, 8, seed=7), packed(2, 4, 6, 8, seed=8), packed(2, 4, 6, 3, seed=9)
+# Fields of structured arrays: float32 views whose byte strides (records of 6 and 5 bytes)
+# are no whole number of elements, which DLPack cannot express.
+FIELDS = {"query": np.zeros((2, 4, 5, 8), dtype=[("x", np.float32), ("pad", np.int16)])["x"],
+          "out": np.zeros((2, 4, 5, 3), dtype=[("x", np.float32), ("pad", np.int8)])["x"]}
+with pytest.warns(UserWarning):  # torch: the strided nested layout is a prototype
+    NESTED = torch.nested.nested_tensor([torch.randn(3, 3), torch.randn(2, 3)])
+
+
+def quantized(x):
+    with warnings.catch_warnings():  # torch deprecates its quantized dtypes
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
 
 BAD_CALLS = [
     # (call, exception, message the user sees)
@@ -115,6 +163,27 @@ BAD_CALLS = [
     (lambda: sdpa.attention(Q, K, V.to("meta")), ValueError, "value: expected a CPU tensor, got device meta"),
     (lambda: sdpa.attention(np.array(["a"]), np.array(["a"]), np.array(["a"])), TypeError,
      "query: expected float16, float32 or float64 (bool for a mask), got <U1"),
+    # Issue 12: these arrived as nanobind's "incompatible function arguments", OverflowError
+    # or torch's RuntimeError instead of the library's form.
+    (lambda: sdpa.attention(*(Q.double().numpy().astype(np.longdouble),) * 3), TypeError,
+     f"query: expected float16, float32 or float64 (bool for a mask), got {np.dtype(np.longdouble)}"),
+    (lambda: sdpa.attention(Q.numpy(), K.numpy(), V.numpy(), np.zeros((5, 6), np.longdouble)), TypeError,
+     f"mask: expected float16, float32 or float64 (bool for a mask), got {np.dtype(np.longdouble)}"),
+    (lambda: sdpa.attention(FIELDS["query"], K.numpy(), V.numpy()), ValueError,
+     "query: expected strides that are whole elements of 4 bytes, got byte strides (960, 240, 48, 6)"),
+    (lambda: sdpa.attention(Q.numpy(), K.numpy(), V.numpy(), out=FIELDS["out"]), ValueError,
+     "out: expected strides that are whole elements of 4 bytes, got byte strides (300, 75, 15, 5)"),
+    (lambda: sdpa.attention(Q, K, V, scale=10**400), ValueError, "scale: expected a finite number, got inf"),
+    (lambda: sdpa.scaled_dot_product_attention(Q, K, V, scale=-10**400), ValueError,
+     "scale: expected a finite number, got -inf"),
+    (lambda: sdpa.scaled_dot_product_attention(Q, K, V, dropout_p=10**400), ValueError,
+     "dropout_p: expected a probability in [0, 1), got inf"),
+    (lambda: sdpa.attention(NESTED, NESTED, NESTED), TypeError,
+     "query: expected a strided (dense) tensor, got a nested tensor"),
+    (lambda: sdpa.scaled_dot_product_attention(Q[:1, :, :3, :3], Q[:1, :, :3, :3], Q[:1, :, :3, :3], NESTED),
+     TypeError, "attn_mask: expected a strided (dense) tensor, got a nested tensor"),
+    (lambda: sdpa.attention(quantized(Q), K, V), TypeError,
+     "query: expected a tensor of plain numbers, got the quantized dtype torch.qint8"),
 ]
 
 

@@ -765,6 +765,22 @@ def test_paged_block_table_entries_past_the_end_are_not_read():
         assert torch.allclose(out[b:b + 1], expected, atol=1e-6)
 
 
+def test_lazily_negated_integer_tables_are_read_as_their_values():
+    """Issue 12: DLPack exported a torch._neg_view's memory as it is, so the library read the
+    negatives of the block table and the sequence lengths (here: -1 instead of page 1)."""
+    k_pages, v_pages = torch.randn(3, 1, 4, 8), torch.randn(3, 1, 4, 8)
+    q = torch.randn(1, 2, 1, 8)
+    table, lengths = torch.tensor([[1, 2]]), torch.tensor([6])
+    expected = sdpa.paged_attention(q, k_pages, v_pages, table, lengths)
+    got = sdpa.paged_attention(q, k_pages, v_pages, torch._neg_view(-table), torch._neg_view(-lengths))
+    assert torch.equal(got, expected)
+    packed_q, packed_kv = torch.randn(5, 2, 8), torch.randn(7, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7])
+    assert torch.equal(sdpa.varlen_attention(packed_q, packed_kv, packed_kv, torch._neg_view(-cu_q),
+                                             torch._neg_view(-cu_k)),
+                       sdpa.varlen_attention(packed_q, packed_kv, packed_kv, cu_q, cu_k))
+
+
 def test_paged_attention_is_forward_only():
     q = torch.randn(1, 1, 1, 4, requires_grad=True)
     pages = torch.randn(2, 1, 4, 4)
@@ -801,8 +817,17 @@ BAD_CALLS = [
      "window_size[1]: expected >= 0, or -1"),
     (lambda: sdpa.attention(Q, K, V, window_size=4), TypeError, "window_size: expected a pair (left, right)"),
     (lambda: sdpa.attention(Q, K, V, window_size=(1.5, 0)), TypeError, "window_size[0]: expected an int"),
+    # Issue 12: beyond int64 these were nanobind's "incompatible function arguments".
+    (lambda: sdpa.attention(Q, K, V, window_size=(2**63, 0)), ValueError,
+     "window_size[0]: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 10], [0, 5, 12], window_size=(0, -2**63 - 1)), ValueError,
+     "window_size[1]: expected an integer in [-2**63, 2**63), got -9223372036854775809"),
+    (lambda: sdpa.attention(Q, K, V, softcap=10**400), ValueError, "softcap: "),
+    (lambda: sdpa.attention(Q, K, V, alibi_slopes=[1.0, 2.0, 10**400]), ValueError,
+     "alibi_slopes: expected shape (4,)"),
     (lambda: sdpa.attention(Q, K, V, softcap=-1.0), ValueError, "softcap: expected a finite cap > 0, or 0"),
-    (lambda: sdpa.attention(Q, K, V, softcap=math.inf), ValueError, "softcap: expected a finite cap > 0, or 0"),
+    (lambda: sdpa.attention(Q, K, V, softcap=math.inf), ValueError,
+     "softcap: expected a number finite in float32, the compute dtype of float32 inputs"),
     (lambda: sdpa.attention(Q, K, V, softcap="30"), TypeError, "softcap: expected a float"),
     (lambda: sdpa.attention(Q, K, V, alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes: expected shape (4,)"),
     (lambda: sdpa.attention(Q, K, V, alibi_slopes=torch.ones(4, dtype=torch.float16)), TypeError,

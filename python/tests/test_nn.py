@@ -1,8 +1,10 @@
 """sdpa.MultiheadAttention against torch.nn.MultiheadAttention with the same weights, in
 float64 (max error <= 1e-10): self- and cross-attention, kdim/vdim, key-padding and
 attention masks (bool and float, causal), batch_first both ways, unbatched inputs, the
-returned weights; weights loaded from the torch module, from state dicts and from
-safetensors files; decoding with the KV cache against one causal pass."""
+returned weights; weights loaded from the torch module, from state dicts (any float dtype,
+bfloat16 included) and from safetensors files; decoding with the KV cache against one
+causal pass; the gradients with respect to the inputs, against torch's layer and by
+finite differences; arguments the bindings cannot hold get the library's errors."""
 
 import itertools
 import json
@@ -309,3 +311,210 @@ def test_errors_name_the_argument():
     del state["out_proj.weight"]
     with pytest.raises(ValueError, match="out_proj.weight"):
         layer.load_state_dict(state)
+
+
+# --- arguments the bindings' C++ types cannot hold (issue 12) ------------------------------
+
+LAYER = sdpa.MultiheadAttention(16, 4, batch_first=True, dropout=0.5, dtype="float64")
+X = torch.randn(2, 3, 16, dtype=torch.float64)
+
+BAD_LAYER_CALLS = [
+    # (call, exception, what the message starts with). These were nanobind's "incompatible
+    # function arguments", an OverflowError, or silently truncated (16.5 heads as 16).
+    (lambda: sdpa.MultiheadAttention(16, 4, seed=-1), ValueError, "seed: expected an integer in [0, 2**64), got -1"),
+    (lambda: sdpa.MultiheadAttention(16, 4, seed=2**64), ValueError,
+     "seed: expected an integer in [0, 2**64), got 18446744073709551616"),
+    (lambda: sdpa.MultiheadAttention(2**63, 4), ValueError,
+     "embed_dim: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: sdpa.MultiheadAttention(16.5, 4), TypeError, "embed_dim: expected an int, got float"),
+    (lambda: sdpa.MultiheadAttention(16, 4, dropout=10**400), ValueError, "dropout: expected 0 <= p < 1, got inf"),
+    (lambda: sdpa.MultiheadAttention(16, 4, window_size=(2**63, 0)), ValueError,
+     "window_size[0]: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: sdpa.MultiheadAttention(16, 4, rope={"base": 10**400}), ValueError,
+     "rope.base: expected a finite base > 0, got inf"),
+    (lambda: sdpa.MultiheadAttention(16, 4, rope={"layout": 1}), TypeError, "rope.layout: expected a str, got int"),
+    (lambda: sdpa.MultiheadAttention(16, 4, rope={"layout": "spiral"}), ValueError,
+     "rope.layout: expected 'half_split' or 'interleaved', got 'spiral'"),
+    (lambda: sdpa.MultiheadAttention(16, 4, init=None), TypeError, "init: expected a str, got NoneType"),
+    (lambda: LAYER(X, seed=2**64), ValueError, "seed: expected an integer in [0, 2**64), got 18446744073709551616"),
+    (lambda: LAYER(X, seed=1.5), TypeError, "seed: expected an int or None, got float"),
+    (lambda: LAYER(X, position_offset=2**63), ValueError,
+     "position_offset: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: LAYER(X, num_threads=2**31), ValueError,
+     "num_threads: expected an integer in [-2**31, 2**31), got 2147483648"),
+    (lambda: LAYER(X, num_threads=-1), ValueError, "num_threads: expected >= 0, got -1"),
+    (lambda: LAYER(X, cache="cache"), TypeError, "cache: expected a KVCache from make_cache, got str"),
+    (lambda: LAYER(X, attn_mask=torch.zeros(5, 3, 3, dtype=torch.bool)), ValueError,
+     "attn_mask: expected a shape broadcastable to (2, 4, 3, 3), got (5, 3, 3)"),
+    (lambda: LAYER.make_cache(2**63), ValueError,
+     "batch: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: LAYER.make_cache(2).truncate(2**63), ValueError,
+     "length: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: LAYER.make_cache(2).truncate(1.0), TypeError, "length: expected an int, got float"),
+    (lambda: LAYER(torch.nested.nested_tensor([X[0], X[1, :2]], layout=torch.jagged)), TypeError,
+     "query: expected a strided (dense) tensor, got a nested tensor"),
+    (lambda: LAYER.load_state_dict({**LAYER.state_dict(), "out_proj.bias": np.array([None] * 16)}), TypeError,
+     "out_proj.bias: expected a tensor or array of floats, got object"),
+]
+
+
+@pytest.mark.parametrize("call,exception,message", BAD_LAYER_CALLS, ids=[m for _, _, m in BAD_LAYER_CALLS])
+def test_layer_arguments_get_the_librarys_errors(call, exception, message):
+    with pytest.raises(exception) as info:
+        call()
+    assert str(info.value).startswith(message), str(info.value)
+
+
+# --- checkpoints in other dtypes (issue 12) -------------------------------------------------
+
+def test_bfloat16_state_dict_loads_as_the_float32_weights_rounded_to_bfloat16():
+    """bfloat16, the usual checkpoint dtype, failed with torch's "unsupported ScalarType
+    BFloat16" (NumPy has none). It loads as its values: exactly the float32 weights rounded
+    to bfloat16."""
+    ref = torch_mha(dtype=torch.float32)
+    rounded = {name: w.detach().to(torch.bfloat16) for name, w in ref.state_dict().items()}
+    from_bf16 = sdpa.MultiheadAttention(16, 4, batch_first=True)
+    from_bf16.load_state_dict(rounded)
+    from_f32 = sdpa.MultiheadAttention(16, 4, batch_first=True)
+    from_f32.load_state_dict({name: w.float() for name, w in rounded.items()})
+    for name, value in from_f32.state_dict().items():
+        assert np.array_equal(from_bf16.state_dict()[name], value), name
+    assert not np.array_equal(from_f32.state_dict()["out_proj.weight"], ref.out_proj.weight.detach().numpy())
+    x = torch.randn(2, 5, 16)
+    assert torch.equal(from_bf16(x)[0], from_f32(x)[0])
+
+    # A whole bfloat16 module: a float32 layer (the layer computes in float32 or float64).
+    layer = sdpa.MultiheadAttention.from_torch(ref.to(torch.bfloat16))
+    assert layer.dtype == "float32"
+    assert torch.equal(layer(x)[0], from_f32(x)[0])
+
+
+def test_weights_in_any_float_dtype_or_layout_load_as_their_values():
+    """float16 / float8 tensors, lazily negated views (which NumPy refused), np.longdouble,
+    big-endian arrays and fields of structured arrays: each loads its values."""
+    weights = {name: torch.from_numpy(w) for name, w in sdpa.MultiheadAttention(16, 4, dtype="float64").state_dict()
+               .items()}
+    record = np.zeros((16, 16), dtype=[("w", np.float64), ("tag", np.int8)])  # 9-byte records
+    record["w"] = weights["out_proj.weight"].numpy()
+    variants = {
+        "float16": lambda w: w.half(),
+        "float8": lambda w: w.to(torch.float8_e4m3fn),
+        "neg_view": lambda w: torch._neg_view(-w),
+        "longdouble": lambda w: w.numpy().astype(np.longdouble),
+        "big_endian": lambda w: w.numpy().astype(">f8"),
+        "structured_field": lambda w: record["w"] if w.shape == (16, 16) else w,
+    }
+
+    def values(x):  # float64, as the values the entry stands for
+        return x.resolve_neg().double().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
+
+    for variant, convert in variants.items():
+        state = {name: convert(w) for name, w in weights.items()}
+        layer = sdpa.MultiheadAttention(16, 4, dtype="float64", seed=1)
+        layer.load_state_dict(state)
+        for name, value in layer.state_dict().items():
+            assert np.array_equal(value, values(state[name])), (variant, name)
+
+
+# --- autograd (issue 12: the output silently dropped out of autograd) -----------------------
+
+def float64_gradient_tolerance(reference):
+    return 1e-9 * max(1.0, reference.abs().max().item())  # test_backward.py's float64 rule
+
+
+GRADIENT_CASES = [
+    # (layout, mask kind, padding kind, batch_first)
+    ("self", None, None, True),
+    ("self", "causal_bool", "bool", False),
+    ("cross", "float", "float", True),
+    ("cross_kvdim", "per_head_bool", None, False),
+    ("cross_kvdim", "causal_float", "float", True),
+]
+
+
+@pytest.mark.parametrize("layout,mask_kind,padding_kind,batch_first", GRADIENT_CASES)
+def test_layer_gradients_match_torch_multihead_attention_in_float64(layout, mask_kind, padding_kind, batch_first):
+    """d(output · g) with respect to query, key, value and the float masks, against torch's
+    own layer with the same weights."""
+    cfg = LAYOUTS[layout]
+    n, heads = 3, cfg["heads"]
+    kdim, vdim = cfg["kdim"] or cfg["embed"], cfg["vdim"] or cfg["embed"]
+    ref = torch_mha(cfg["embed"], heads, cfg["kdim"], cfg["vdim"], batch_first)
+    ours = sdpa.MultiheadAttention.from_torch(ref)
+    q, k, v = inputs(n, cfg["l"], cfg["s"], cfg["embed"], kdim, vdim, batch_first)
+    mask = attn_mask(mask_kind, n, heads, cfg["l"], cfg["s"])
+    pad = padding_mask(padding_kind, n, cfg["s"])
+    if layout == "self":
+        k = v = q
+    leaves = list({id(t): t.requires_grad_() for t in (q, k, v, mask, pad)
+                   if t is not None and t.is_floating_point()}.values())
+    expected, _ = ref(q, k, v, key_padding_mask=pad, attn_mask=mask, need_weights=False)
+    got, weights = ours(q, k, v, key_padding_mask=pad, attn_mask=mask, need_weights=False)
+    assert weights is None and got.requires_grad
+    assert max_err(got, expected) <= TOL64
+    g = torch.randn_like(expected)
+    for ours_grad, torch_grad in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(expected, leaves, g)):
+        assert ours_grad.shape == torch_grad.shape
+        assert max_err(ours_grad, torch_grad) <= float64_gradient_tolerance(torch_grad)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_layer_gradcheck_with_gqa_rope_window_alibi_softcap_and_dropout(batched):
+    """Finite differences of the layer (the C++ forward) against its backward (the torch
+    recomputation), everything the layer adds to torch's switched on: dropout replayed from
+    the seed, grouped-query heads, partial interleaved RoPE from a position offset, a
+    sliding window, ALiBi, softcapping, causal, and both float masks."""
+    layer = sdpa.MultiheadAttention(12, 2, num_kv_heads=1, kdim=5, vdim=7, dropout=0.3, batch_first=True,
+                                    dtype="float64", rope={"layout": "interleaved", "rotary_dim": 4, "base": 100.0},
+                                    window_size=(2, 1), alibi_slopes=[0.5, 0.25], softcap=3.0, seed=3)
+    weights = layer.state_dict()
+    layer.load_state_dict({name: w + 0.1 * np.random.default_rng(1).standard_normal(w.shape)
+                           for name, w in weights.items()})  # non-zero biases
+    g = torch.Generator().manual_seed(2)
+    lead = (2,) if batched else ()
+
+    def rand(*shape):
+        return torch.randn(*lead, *shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    q, k, v, pad = rand(4, 12), rand(5, 5), rand(5, 7), rand(5)
+    mask = torch.randn(4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def call(q, k, v, mask, pad):
+        out, _ = layer(q, k, v, attn_mask=mask, key_padding_mask=pad, is_causal=True, need_weights=False, seed=11,
+                       position_offset=3)
+        return out
+
+    dropped = call(q, k, v, mask, pad)
+    assert not torch.equal(dropped, layer.eval()(q, k, v, attn_mask=mask, key_padding_mask=pad, is_causal=True,
+                                                 need_weights=False, position_offset=3)[0])
+    layer.train()
+    assert torch.autograd.gradcheck(call, (q, k, v, mask, pad), atol=1e-7)
+
+
+def test_layer_gives_the_same_output_with_and_without_a_gradient():
+    """The forward is the C++ layer's either way: bitwise the same output."""
+    layer = sdpa.MultiheadAttention(16, 4, num_kv_heads=2, rope={}, batch_first=True, dtype="float64", seed=4,
+                                    dropout=0.2)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    with torch.no_grad():
+        plain, _ = layer(x, is_causal=True, need_weights=False, seed=5)
+    attached, _ = layer(x.clone().requires_grad_(), is_causal=True, need_weights=False, seed=5)
+    assert attached.requires_grad and not plain.requires_grad
+    assert torch.equal(attached.detach(), plain)
+
+
+def test_layer_refuses_what_it_cannot_differentiate():
+    """Weights and the KV cache have no backward: asked for with inputs that require grad,
+    they raise instead of returning results that silently drop out of autograd. Under
+    no_grad both work."""
+    layer = sdpa.MultiheadAttention(16, 4, batch_first=True, dtype="float64")
+    x = torch.randn(1, 3, 16, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="^need_weights: the attention weights are not differentiable"):
+        layer(x)
+    cache = layer.make_cache(1)
+    with pytest.raises(NotImplementedError, match="^cache: decoding with a KV cache has no backward"):
+        layer(x, need_weights=False, cache=cache)
+    assert cache.length == 0
+    with torch.no_grad():
+        out, weights = layer(x, cache=cache)
+    assert not out.requires_grad and weights.shape == (1, 3, 3) and cache.length == 3

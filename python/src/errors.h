@@ -1,0 +1,56 @@
+// How an sdpa::Error reaches Python, for both halves of sdpa._core (module.cpp,
+// nn_module.cpp): as TypeError (ErrorKind::type) or ValueError, its message the library's
+// "<argument>: expected ..., got ..." with the argument under its Python name.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sdpa/error.h"
+
+namespace sdpa_python {
+
+namespace nb = nanobind;
+
+// The library names its arguments as C++ sees them; Python users know them by the names of
+// the Python function they called. Only the leading "<argument>:" changes: a struct prefix
+// goes (options.scale → scale, sequences.cu_seqlens_q → cu_seqlens_q, cache.block_table →
+// block_table, call.num_threads → num_threads), the window's two sides are window_size's
+// two entries, and `renames` maps the rest for one call (mask → attn_mask, output → out).
+using Renames = std::vector<std::pair<std::string, std::string>>;
+
+inline std::string python_name(const std::string& argument, const Renames& renames) {
+  std::string name = argument;
+  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs.", "config.", "call."}) {
+    const std::string p = prefix;
+    if (name.rfind(p, 0) == 0) {
+      name = name.substr(p.size());
+      break;
+    }
+  }
+  for (const auto& [from, to] : renames)
+    if (name == from) return to;
+  if (name == "window_left") return "window_size[0]";
+  if (name == "window_right") return "window_size[1]";
+  if (name == "blocks_per_sequence") return "block_table";
+  return name;
+}
+
+inline std::string python_message(const sdpa::Error& error, const Renames& renames) {
+  const std::string& argument = error.argument();
+  const std::string renamed = python_name(argument, renames);
+  const std::string what = error.what();
+  if (renamed == argument || what.rfind(argument, 0) != 0) return what;
+  return renamed + what.substr(argument.size());
+}
+
+[[noreturn]] inline void raise(const sdpa::Error& error, const Renames& renames) {
+  const std::string message = python_message(error, renames);
+  if (error.kind() == sdpa::ErrorKind::type) throw nb::type_error(message.c_str());
+  throw nb::value_error(message.c_str());
+}
+
+}  // namespace sdpa_python
