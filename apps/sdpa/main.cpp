@@ -2,7 +2,6 @@
 // commands in commands.cpp; every computation goes through the public API.
 #include <CLI/CLI.hpp>
 #include <charconv>
-#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,12 +15,14 @@
 
 namespace {
 
-// Every numeric flag is checked by one of these before CLI11 converts it: CLI11 2.1
+// Every numeric flag goes through one of these before CLI11 converts it: CLI11 2.1
 // takes an empty value ("--scale \"\"", a script's unset variable) as 0, saturates an
-// unsigned value beyond 2^64 - 1 and wraps a negative one. The whole text must be one
-// number of the flag's type, within [low, high]; the error names the flag (exit 2).
-// Ranges the library defines (dropout in [0, 1), window >= -1) are left to its one
-// validation point, whose errors run_command words with the flag's name.
+// unsigned value beyond 2^64 - 1, wraps a negative one, and reads integers with a
+// leading 0 as octal (--seed 010 would be seed 8). The whole text must be one decimal
+// number of the flag's type, within [low, high]; an integer is handed on in canonical
+// form. The error names the flag (exit 2). Ranges the library defines (dropout in
+// [0, 1), window >= -1) are left to its one validation point, whose errors run_command
+// words with the flag's name.
 template <typename T>
 CLI::Validator number(T low, T high, const std::string& kind) {
   return CLI::Validator(
@@ -37,22 +38,25 @@ CLI::Validator number(T low, T high, const std::string& kind) {
           if (!std::isfinite(value)) return "expected " + kind + ", got " + got;
         }
         if (value < low || value > high) return "expected " + kind + ", got " + got;
+        if constexpr (std::is_integral_v<T>) text = std::to_string(value);
         return {};
       },
-      kind);
+      "");
 }
 
 constexpr double kLargest = std::numeric_limits<double>::max();
 constexpr std::int64_t kLargestInt64 = std::numeric_limits<std::int64_t>::max();
-// Threads beyond this are a typo, not a machine: refused before OpenMP tries to start them.
-constexpr int kMostThreads = 4096;
 
 const CLI::Validator kFinite = number<double>(-kLargest, kLargest, "a finite number");
 const CLI::Validator kUint64 =
     number<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max(), "an integer in [0, 2^64 - 1]");
 const CLI::Validator kInt64 =
     number<std::int64_t>(std::numeric_limits<std::int64_t>::min(), kLargestInt64, "a 64-bit integer");
-const CLI::Validator kThreads = number<int>(0, kMostThreads, "an integer in [0, 4096] (0 = all)");
+// The library's own limit, checked here too because `bench` starts its probes' threads
+// before any library call.
+const CLI::Validator kThreads = number<int>(0, sdpa::Options::kMaxThreads,
+                                            "an integer in [0, " + std::to_string(sdpa::Options::kMaxThreads) +
+                                                "] (0 = all)");
 const CLI::Validator kCount = number<int>(0, std::numeric_limits<int>::max(), "an integer >= 0");
 const CLI::Validator kRepeats = number<int>(1, 1000000, "an integer in [1, 1000000]");
 const CLI::Validator kIndex = number<std::int64_t>(0, kLargestInt64, "an integer >= 0");
@@ -119,14 +123,14 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
       ->capture_default_str();
   flags.scale_option =
-      run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))")->check(kFinite);
+      run->add_option("--scale", flags.scale, "Multiplies Q K^T (default 1/sqrt(E))")->transform(kFinite);
   run->add_option("--window-left", a.window_left,
                   "Sliding window: query i sees keys j >= d(i) - N, d(i) its diagonal key (-1 = unbounded)")
-      ->check(kInt64)
+      ->transform(kInt64)
       ->capture_default_str();
   run->add_option("--window-right", a.window_right,
                   "Sliding window: query i sees keys j <= d(i) + N (-1 = unbounded; causal caps it at 0)")
-      ->check(kInt64)
+      ->transform(kInt64)
       ->capture_default_str();
   flags.alignment_option =
       run->add_option("--alignment", flags.alignment,
@@ -134,21 +138,21 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
                       "(default: the --causal alignment, else bottom-right)")
           ->check(CLI::IsMember({"top-left", "bottom-right"}));
   run->add_option("--softcap", a.softcap, "Logit softcapping: scores become X * tanh(scores / X) (0 = off)")
-      ->check(kFinite)
+      ->transform(kFinite)
       ->capture_default_str();
   flags.alibi_slopes_option =
       run->add_option("--alibi-slopes", flags.alibi_slopes,
                       "ALiBi slopes .npy, float32/64, (Hq,) or (batch..., Hq): adds -slope[h] * |d(i) - j|");
   run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")
-      ->check(kFinite)
+      ->transform(kFinite)
       ->capture_default_str();
   run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")
-      ->check(kUint64)
+      ->transform(kUint64)
       ->capture_default_str();
   run->add_option("--offset", a.offset, "Dropout counter offset")
-      ->check(kUint64)
+      ->transform(kUint64)
       ->capture_default_str();
-  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->check(kThreads)->capture_default_str();
+  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->transform(kThreads)->capture_default_str();
   run->add_option("--backend", a.backend, "auto, cpu or reference (the float64 oracle)")
       ->check(CLI::IsMember({"auto", "cpu", "reference"}))
       ->capture_default_str();
@@ -173,10 +177,10 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
 void add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* check = app.add_subcommand("check", "Compare the CPU backend with the float64 oracle on random cases");
   check->add_option("--cases", args.cases, "Number of random configurations")
-      ->check(kCount)
+      ->transform(kCount)
       ->capture_default_str();
   check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")
-      ->check(kUint64)
+      ->transform(kUint64)
       ->capture_default_str();
   check->add_flag("--verbose", args.verbose, "Print every case");
   check->add_flag("--backward", args.backward,
@@ -186,9 +190,6 @@ void add_check_command(CLI::App& app, CheckArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A reader that goes away (a FIFO, `| head`) makes a write fail with EPIPE, reported
-  // and cleaned up as any failed write, instead of killing the process mid-write.
-  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"sdpa: exact scaled dot-product attention, softmax(Q K^T * scale + mask) V", "sdpa"};
   app.set_version_flag("--version", std::string("sdpa ") + sdpa::version());
   app.require_subcommand(1);
@@ -202,9 +203,9 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", bench_args.quick, "Skip the L = S = 8192 points");
   bench->add_flag("--json", bench_args.json, "Print the results as JSON");
   bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")
-      ->check(kRepeats)
+      ->transform(kRepeats)
       ->capture_default_str();
-  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->check(kThreads)->capture_default_str();
+  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->transform(kThreads)->capture_default_str();
   bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
   bench->add_flag("--backward", bench_args.backward,
                   "Time forward + backward (training; backward counted as 2.5x the forward's FLOPs)");
@@ -228,15 +229,15 @@ int main(int argc, char** argv) {
   viz->add_option("--out,-o", viz_args.out, "PNG file to write")->required();
   viz->add_option("--index", viz_args.index, "Leading indices of the matrix to draw, e.g. 0,3 (default: all 0)")
       ->delimiter(',')
-      ->check(kIndex);
+      ->transform(kIndex);
   viz->add_option("--title", viz_args.title, "Title (default: the file name and index)");
   viz->add_option("--xlabel", viz_args.xlabel, "x-axis label")->capture_default_str();
   viz->add_option("--ylabel", viz_args.ylabel, "y-axis label")->capture_default_str();
   viz->add_option("--labels", viz_args.labels, "Token labels for rows and columns, comma-separated")->delimiter(',');
   viz->add_option("--row-labels", viz_args.row_labels, "Row labels, comma-separated")->delimiter(',');
   viz->add_option("--col-labels", viz_args.col_labels, "Column labels, comma-separated")->delimiter(',');
-  viz->add_option("--vmin", viz_args.vmin, "Bottom of the colour scale (default: from the data)")->check(kFinite);
-  viz->add_option("--vmax", viz_args.vmax, "Top of the colour scale (default: from the data)")->check(kFinite);
+  viz->add_option("--vmin", viz_args.vmin, "Bottom of the colour scale (default: from the data)")->transform(kFinite);
+  viz->add_option("--vmax", viz_args.vmax, "Top of the colour scale (default: from the data)")->transform(kFinite);
   viz->add_flag("--no-values", viz_args.no_values, "Do not write the values into the cells");
 
   try {

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "io/npy.h"
+#include "io/output_files.h"
 #include "io/plot.h"
 #include "io/png.h"
 #include "sdpa/sdpa.h"
@@ -19,6 +20,8 @@ int viz_command(const VizArgs& args) {
     return kExitBadInput;
   };
   try {
+    io::OutputFiles output;  // checked before the input is read
+    output.add("--out", args.out);
     const Tensor t = io::read_npy(args.weights);
     const auto& shape = t.shape();
     if (shape.size() < 2 && !(shape.size() == 1 && shape[0] > 0)) {
@@ -77,8 +80,9 @@ int viz_command(const VizArgs& args) {
     if (spec.vmin && spec.vmax && !(*spec.vmax > *spec.vmin)) return error("--vmax: expected a value above --vmin");
     spec.annotate = !args.no_values;
     spec.colorbar_label = "value";
-    io::write_png(args.out, io::heatmap(m, spec));
-    std::cout << "wrote " << args.out << " (" << rows << " x " << cols << ")\n";
+    output.write({io::encode_png(io::heatmap(m, spec), "--out")});
+    // On stderr: the PNG itself may be going to stdout (-o /dev/stdout).
+    std::cerr << "wrote " << args.out << " (" << rows << " x " << cols << ")\n";
     return kExitOk;
   } catch (const Error& e) {
     return error(e.what());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <sstream>
 #include <string>
 
@@ -155,11 +156,15 @@ void check_options(const Options& options, DType query_dtype) {
   if (options.scale && !std::isfinite(*options.scale))
     fail("options.scale", "expected a finite number, got " + std::to_string(*options.scale));
   // A scale or cap finite in double but not in float32 (1e39) would make every float32
-  // score infinite and every output NaN: refused, naming the compute dtype.
+  // score infinite and every output NaN: refused, naming the compute dtype. The float32
+  // kernels fold log2(e) into both (exp2 instead of exp), so the bound is float32's
+  // largest value over log2(e).
   const auto check_fits_float32 = [&](const char* name, double value) {
-    if (query_dtype != DType::float64 && std::abs(value) > std::numeric_limits<float>::max())
+    const double largest = std::numeric_limits<float>::max() / std::numbers::log2e;
+    if (query_dtype != DType::float64 && std::abs(value) > largest)
       fail(name, "expected a number finite in float32, the compute dtype of " + std::string(dtype_name(query_dtype)) +
-                     " inputs (|x| <= 3.4e38), got " + to_string(value));
+                     " inputs (|x| <= " + to_string(largest) + ", float32's largest over log2(e)), got " +
+                     to_string(value));
   };
   if (options.scale) check_fits_float32("options.scale", *options.scale);
   check_fits_float32("options.softcap", options.softcap);

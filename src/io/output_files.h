@@ -6,11 +6,13 @@
 //   (mkstemp) and renamed over it: a reader sees the old file or the new one, never a
 //   half-written one. A symlink is followed: its target is replaced, the link stays;
 // - a destination that is not a regular file (a character device such as /dev/null, a
-//   FIFO, a terminal) or that names a file descriptor (/dev/stdout, /dev/fd/N) is opened
-//   and written directly: renaming over it would replace the device node with a file;
+//   FIFO, a terminal) is opened and written directly: renaming over it would replace
+//   the device node with a file. A path naming a file descriptor (/dev/stdout,
+//   /dev/fd/N, /proc/self/fd/N) is written through that descriptor, not reopened;
 // - the outputs of one command are all-or-nothing: every temporary and every direct
 //   destination is written first, the renames come last, and a failure before them
-//   removes the temporaries and leaves every pre-existing file as it was;
+//   removes the temporaries and leaves every pre-existing file as it was (a rename
+//   failing because the folder changed under the command is the one gap);
 // - two outputs that name the same file (after resolving `.`, `..`, symlinks and hard
 //   links) are refused before any work, naming the second.
 #pragma once
@@ -43,6 +45,7 @@ class OutputFiles {
     std::string path;           // as given: what is opened when written directly
     std::string resolved_path;  // symlinks and `.`/`..` resolved: what a rename replaces
     bool direct = false;        // a device, FIFO, socket or file descriptor
+    int descriptor = -1;        // the descriptor /dev/stdout, /dev/fd/N... name; -1 for others
     bool exists = false;
     unsigned long device = 0, inode = 0;  // the file's identity, when it exists
     unsigned mode = 0;                    // its permission bits, kept by the replacement

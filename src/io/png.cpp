@@ -40,11 +40,11 @@ std::uint32_t Image::get(int x, int y) const {
   return (std::uint32_t{p[0]} << 16) | (std::uint32_t{p[1]} << 8) | p[2];
 }
 
-void write_png(const std::string& path, const Image& image) {
+std::string encode_png(const Image& image, const std::string& name) {
   if (image.width <= 0 || image.height <= 0 ||
       image.rgb.size() != static_cast<std::size_t>(image.width) * static_cast<std::size_t>(image.height) * 3) {
     throw Error(
-        ErrorKind::value, path,
+        ErrorKind::value, name,
         "expected a non-empty RGB image, got " + std::to_string(image.width) + " x " + std::to_string(image.height));
   }
   png_image png;
@@ -53,7 +53,6 @@ void write_png(const std::string& path, const Image& image) {
   png.width = static_cast<png_uint_32>(image.width);
   png.height = static_cast<png_uint_32>(image.height);
   png.format = PNG_FORMAT_RGB;
-  // Encoded in memory, then written as every output file is (io/output_files.h).
   png_alloc_size_t size = 0;
   std::string bytes;
   bool encoded = png_image_write_get_memory_size(png, size, 0, image.rgb.data(), 0, nullptr) != 0;
@@ -64,11 +63,13 @@ void write_png(const std::string& path, const Image& image) {
   if (!encoded) {
     const std::string message = png.message;
     png_image_free(&png);
-    throw Error(ErrorKind::value, path, "expected an image PNG can encode, got an error: " + message);
+    throw Error(ErrorKind::value, name, "expected an image PNG can encode, got an error: " + message);
   }
   bytes.resize(size);
-  write_file(path, bytes);
+  return bytes;
 }
+
+void write_png(const std::string& path, const Image& image) { write_file(path, encode_png(image, path)); }
 
 Image read_png(const std::string& path) {
   png_image png;

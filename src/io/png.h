@@ -23,7 +23,12 @@ struct Image {
   std::uint32_t get(int x, int y) const;
 };
 
-// Writes `image` as an 8-bit RGB PNG. Throws sdpa::Error naming `path` if it cannot.
+// The bytes of `image` as an 8-bit RGB PNG. Throws sdpa::Error naming `name` for an
+// empty image or an encoder error.
+std::string encode_png(const Image& image, const std::string& name);
+
+// Writes encode_png(image) to `path` as io::write_file does (output_files.h). Throws
+// sdpa::Error naming `path` if it cannot.
 void write_png(const std::string& path, const Image& image);
 
 // Reads an 8-bit RGB or RGBA PNG back (alpha dropped); for tests. Throws sdpa::Error.

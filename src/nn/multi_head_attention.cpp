@@ -183,7 +183,9 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   }
   const std::int64_t past = cache != nullptr ? cache->length() : 0;
   const std::int64_t S = past + S_new;
-  if (call.num_threads < 0) fail("call.num_threads", "expected >= 0, got " + std::to_string(call.num_threads));
+  if (call.num_threads < 0 || call.num_threads > Options::kMaxThreads)
+    fail("call.num_threads", "expected an integer in [0, " + std::to_string(Options::kMaxThreads) + "], got " +
+                                 std::to_string(call.num_threads));
   // RoPE positions run from past + offset to past + offset + max(L, S_new) − 1.
   std::int64_t last_position = 0;
   if (c.rope && (__builtin_add_overflow(past, call.position_offset, &last_position) ||

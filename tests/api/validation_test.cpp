@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "testing/helpers.h"
 #include "testing/rejection.h"
@@ -109,22 +110,39 @@ TEST(Validation, NonFiniteScale) {
 }
 
 // Issue #12: 1e39 is finite in double but infinite in float32, the compute dtype of the
-// float32/bfloat16/float16 kernels: every output came out NaN. float64 computes in double
-// and accepts it.
+// float32/bfloat16/float16 kernels: every output came out NaN. The kernels fold log2(e)
+// into the scale and the cap, so 2.4e38 overflowed too. float64 accepts both.
 TEST(Validation, ScaleOrSoftcapNotFiniteInTheComputeDtype) {
   Call c = valid_call();
   c.options.scale = 1e39;
   expect_rejected(c, "options.scale", {"finite in float32", "float32 inputs", "1e+39"});
   c = valid_call();
-  c.options.softcap = 1e39;
+  c.options.softcap = 2.4e38;
   expect_rejected(c, "options.softcap", {"finite in float32"});
-  c = valid_call();
-  c.options.scale = -3e38;  // the largest floats are fine
-  EXPECT_NO_THROW(forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options));
-  Tensor q(DType::float64, {1, 2, 8}), k(DType::float64, {1, 3, 8}), v(DType::float64, {1, 3, 4});
+  Tensor q64(DType::float64, {1, 2, 8}), k64(DType::float64, {1, 3, 8}), v64(DType::float64, {1, 3, 4});
   Options options;
   options.scale = 1e39;
-  EXPECT_NO_THROW(forward(q.view(), k.view(), v.view(), options));
+  EXPECT_NO_THROW(forward(q64.view(), k64.view(), v64.view(), options));
+}
+
+// The largest accepted scale and cap compute: with q = 0 every score is 0 and the output
+// is the mean of the values (a NaN here was the kernels' log2(e) overflowing).
+TEST(Validation, LargestAcceptedScaleAndSoftcapGiveFiniteOutputs) {
+  const Tensor q(DType::float32, {1, 2, 8});  // zeros
+  Tensor k(DType::float32, {1, 3, 8}), v(DType::float32, {1, 3, 4});
+  for (std::int64_t i = 0; i < k.numel(); ++i) k.set(i, 0.25 * static_cast<double>(i % 7) - 0.5);
+  for (std::int64_t i = 0; i < v.numel(); ++i) v.set(i, static_cast<double>(i));
+  for (const auto& [scale, softcap] : {std::pair{-2.35e38, 0.0}, std::pair{1.0, 2.35e38}}) {
+    Options options;
+    options.scale = scale;
+    options.softcap = softcap;
+    const ForwardResult r = forward(q.view(), k.view(), v.view(), options);
+    for (std::int64_t row = 0; row < 2; ++row)
+      for (std::int64_t col = 0; col < 4; ++col) {
+        const double mean = (v.get(col) + v.get(4 + col) + v.get(8 + col)) / 3.0;
+        EXPECT_NEAR(r.output.get(row * 4 + col), mean, 1e-5) << "scale " << scale << " softcap " << softcap;
+      }
+  }
 }
 
 // Issue #12: OpenMP crashed starting 100000 threads.

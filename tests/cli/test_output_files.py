@@ -113,11 +113,32 @@ def test_fifo_output_is_written_directly_not_replaced(tmp_path, inputs):
 
 def test_file_descriptor_path_writes_to_the_descriptor(inputs):
     # `-o /dev/stdout` could never work: the writer created "<out>.partial" beside it.
-    # /proc/self/fd/1 is the same thing without touching /dev.
+    # /proc/self/fd/1 is the same thing without touching /dev; here stdout is a pipe.
     arrays, paths = inputs
     proc = sdpa(*run_args(paths), "-o", "/proc/self/fd/1")
     assert proc.returncode == 0, proc.stderr
     assert_attention(proc.stdout, arrays["q"], arrays["k"], arrays["v"])
+
+
+def test_file_descriptor_path_appends_to_a_redirected_file(tmp_path, inputs):
+    # `sdpa run ... -o /dev/stdout >> log`: written through the descriptor, so O_APPEND
+    # holds and the log keeps what it had (a reopen with O_TRUNC would empty it).
+    arrays, paths = inputs
+    log = tmp_path / "log.bin"
+    log.write_bytes(b"earlier entries\n")
+    with open(log, "ab") as stdout:
+        proc = subprocess.run([SDPA, *map(str, run_args(paths)), "-o", "/proc/self/fd/1"], stdout=stdout,
+                              stderr=subprocess.PIPE, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = log.read_bytes()
+    assert data.startswith(b"earlier entries\n")
+    assert_attention(data[len(b"earlier entries\n"):], arrays["q"], arrays["k"], arrays["v"])
+
+
+def test_closed_file_descriptor_is_refused_before_any_work(inputs):
+    _, paths = inputs
+    proc = sdpa(*run_args(paths), "-o", "/proc/self/fd/1000")
+    assert proc.returncode == 2 and b"--out" in proc.stderr and b"file descriptor" in proc.stderr
 
 
 def test_symlink_output_replaces_its_target_and_keeps_the_link(tmp_path, tmp_path_factory, inputs):
@@ -144,6 +165,27 @@ def test_dangling_symlink_output_creates_its_target(tmp_path, tmp_path_factory, 
     assert proc.returncode == 0, proc.stderr
     assert os.path.islink(link) and os.path.isfile(target)
     assert_attention(str(target), arrays["q"], arrays["k"], arrays["v"])
+
+
+def test_chain_of_relative_dangling_links_is_followed(tmp_path, inputs):
+    # first -> sub/second -> ../final.npy (relative to sub/): final.npy is created.
+    arrays, paths = inputs
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "second").symlink_to("../final.npy")
+    (tmp_path / "first").symlink_to("sub/second")
+    proc = sdpa(*run_args(paths), "-o", "first", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.islink(tmp_path / "first") and os.path.islink(tmp_path / "sub" / "second")
+    assert_attention(str(tmp_path / "final.npy"), arrays["q"], arrays["k"], arrays["v"])
+
+
+def test_longest_file_name_can_be_written(tmp_path, inputs):
+    # A 255-byte name (NAME_MAX) is valid; its temporary's name must be valid too.
+    arrays, paths = inputs
+    name = "o" * 251 + ".npy"
+    proc = sdpa(*run_args(paths), "-o", name, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert_attention(str(tmp_path / name), arrays["q"], arrays["k"], arrays["v"])
 
 
 # --- the temporary is unpredictable and never followed -------------------------------------
@@ -334,14 +376,24 @@ def test_other_numeric_flags_are_checked(tmp_path, args, flag):
     assert os.listdir(tmp_path) == []
 
 
+def dropout_output(tmp_path, paths, seed):
+    out = tmp_path / "dropout.npy"
+    proc = sdpa(*run_args(paths), "-o", out, "--dropout", "0.5", "--seed", seed)
+    assert proc.returncode == 0, proc.stderr
+    return np.load(out)
+
+
 def test_largest_seeds_are_distinct(tmp_path, inputs):
-    # Before: every seed from 2^64 - 1 up saturated to the same dropout mask. Now the two
-    # largest valid seeds are accepted and draw different masks.
+    # The two largest valid seeds are accepted and draw different masks (the values
+    # beyond them, which saturated to the largest, are refused: RUN_FLAGS above).
     _, paths = inputs
-    outputs = []
-    for seed in ("18446744073709551615", "18446744073709551614"):
-        out = tmp_path / f"o{seed[-1]}.npy"
-        proc = sdpa(*run_args(paths), "-o", out, "--dropout", "0.5", "--seed", seed)
-        assert proc.returncode == 0, proc.stderr
-        outputs.append(np.load(out))
-    assert not np.array_equal(outputs[0], outputs[1])
+    assert not np.array_equal(dropout_output(tmp_path, paths, "18446744073709551615"),
+                              dropout_output(tmp_path, paths, "18446744073709551614"))
+
+
+def test_integer_flags_are_decimal(tmp_path, inputs):
+    # Before: CLI11 read a leading 0 as octal, so --seed 010 drew seed 8's mask.
+    _, paths = inputs
+    ten = dropout_output(tmp_path, paths, "10")
+    assert np.array_equal(dropout_output(tmp_path, paths, "010"), ten)
+    assert not np.array_equal(dropout_output(tmp_path, paths, "8"), ten)

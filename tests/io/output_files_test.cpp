@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -120,14 +123,27 @@ TEST_F(OutputFilesTest, UnwritablePathsAreRefusedBeforeAnyWork) {
 TEST_F(OutputFilesTest, FifoIsWrittenDirectly) {
   const std::string fifo = path("out.fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  std::string received;
-  std::thread reader([&] { received = contents(fifo); });
+  // The reader runs detached: were the FIFO replaced by a file, it would block in open
+  // forever, and the test fails on the timeout instead of hanging.
+  auto received = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = received->get_future();
+  std::thread([fifo, received] { received->set_value(contents(fifo)); }).detach();
   write_file(fifo, "through the pipe");
-  reader.join();
-  EXPECT_EQ(received, "through the pipe");
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "the FIFO was never written";
+  EXPECT_EQ(result.get(), "through the pipe");
   struct stat st;
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST_F(OutputFilesTest, ReplacementKeepsTheModeWithoutSetuid) {
+  put(path("tool"), "old");
+  ASSERT_EQ(::chmod(path("tool").c_str(), 04750), 0);
+  write_file(path("tool"), "new");
+  struct stat st;
+  ASSERT_EQ(::stat(path("tool").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(contents(path("tool")), "new");
 }
 
 }  // namespace
