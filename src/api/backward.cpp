@@ -6,7 +6,9 @@
 #include <cstring>
 #include <vector>
 
+#include "api/operands.h"
 #include "api/validate.h"
+#include "api/varlen.h"
 #include "common/element.h"
 #include "reference/backward.h"
 #include "sdpa/sdpa.h"
@@ -87,7 +89,7 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
   if (outputs.grad_mask) {
     if (call.mask_gradient_sums) {
       full_mask_gradient = Tensor(problem.float64 ? DType::float64 : DType::float32, checked.weights_shape);
-      problem.grad_mask = detail::full_scores_operand(full_mask_gradient.view(), checked);
+      problem.grad_mask = detail::make_operand(full_mask_gradient.view(), checked.batch_shape, checked.heads_q);
     } else {
       fill_zero(*outputs.grad_mask);
     }

@@ -3,7 +3,9 @@
 #include <limits>
 #include <vector>
 
+#include "api/paged.h"
 #include "api/validate.h"
+#include "api/varlen.h"
 #include "cpu/forward.h"
 #include "reference/attention.h"
 #include "sdpa/sdpa.h"

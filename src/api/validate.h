@@ -1,10 +1,16 @@
-// The one place that checks arguments. Everything a kernel receives has passed here.
+// The one place that checks a dense call's arguments and resolves them into the Problem
+// a kernel is handed (Problem, BackwardProblem). Everything a kernel receives has
+// passed here; packed and paged calls (varlen.h, paged.h) check the whole call, then
+// each sequence through these. The pieces: views.h (spans, overlap, expected shapes),
+// operands.h (views as kernels read them), resolve_options.h (the scalar options).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/backward_problem.h"
 #include "common/problem.h"
+#include "api/views.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
@@ -41,46 +47,11 @@ struct CheckedBackward {
 CheckedBackward make_backward_problem(const CheckedInputs& inputs, const BackwardInputs& tensors,
                                       const BackwardOutputs& outputs);
 
-// ---- Packed variable-length batches and the paged KV cache -------------------------
-// Each is run as one Problem per sequence (Problem::first_batch = its index), built by
-// checking the whole call first (so that nothing is written on error), then each
-// sequence's views with check_inputs / make_problem.
-
-// The shapes of a varlen or paged call's outputs, once its inputs are checked.
-struct OutputShapes {
-  std::vector<std::int64_t> output_shape, lse_shape;
-  DType output_dtype = DType::float32, lse_dtype = DType::float32;
-};
-
-// Varlen and paged calls return no weights (they would be ragged): an error naming
-// `weights` when they are asked for, as a buffer or as an allocating call's Returns.
-void check_no_weights(bool requested);
-
-OutputShapes check_varlen_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
-                                 const VarlenSequences& sequences, const Options& options);
-std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorView& key, const TensorView& value,
-                                          const VarlenSequences& sequences, const ForwardOutputs& outputs,
-                                          const Options& options);
-
-// One sequence of a varlen backward: its problem and its slices of the gradient buffers
-// (zero-filled by the caller when the sequence has no queries or no keys).
-struct SequenceBackward {
-  BackwardProblem problem;
-  BackwardOutputs gradients;
-};
-std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs& inputs,
-                                                            const VarlenSequences& sequences,
-                                                            const BackwardOutputs& outputs, const Options& options);
-
-OutputShapes check_paged_inputs(const TensorView& query, const PagedKV& cache, const Options& options);
-std::vector<Problem> make_paged_problems(const TensorView& query, const PagedKV& cache, const ForwardOutputs& outputs,
-                                         const Options& options);
-
-// The operand of a tensor shaped like the scores, (batch..., Hq, L, S), any strides.
-Operand full_scores_operand(const TensorView& scores, const CheckedInputs& inputs);
-
-// The strides (in elements of `mask`) that broadcast `mask` to `target`: 0 along the
-// dims it lacks or has size 1 in.
-std::vector<std::int64_t> mask_broadcast_strides(const TensorView& mask, const std::vector<std::int64_t>& target);
+// A backward's read-only tensors besides Q, K, V: the forward's output and lse, dO, and
+// dlse when given. Any strides (an expanded dO of ones is what autograd hands over for
+// a sum), but the shapes and dtypes the forward gives. Adds their spans to `input_spans`.
+void check_backward_reads(const BackwardInputs& tensors, const std::vector<std::int64_t>& output_shape,
+                          const std::vector<std::int64_t>& lse_shape, DType dtype, DType lse_dtype,
+                          std::vector<Span>& input_spans);
 
 }  // namespace sdpa::detail

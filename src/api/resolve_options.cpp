@@ -1,0 +1,109 @@
+#include "api/resolve_options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <string>
+
+#include "common/element.h"
+
+namespace sdpa::detail {
+
+void check_options(const Options& options, DType query_dtype) {
+  if (options.scale && !std::isfinite(*options.scale))
+    fail("options.scale", "expected a finite number, got " + std::to_string(*options.scale));
+  // A scale or cap finite in double but not in float32 (1e39) would make every float32
+  // score infinite and every output NaN: refused, naming the compute dtype. The float32
+  // kernels fold log2(e) into both (exp2 instead of exp), so the bound is float32's
+  // largest value over log2(e).
+  const auto check_fits_float32 = [&](const char* name, double value) {
+    const double largest = std::numeric_limits<float>::max() / std::numbers::log2e;
+    if (query_dtype != DType::float64 && std::abs(value) > largest)
+      fail(name, "expected a number finite in float32, the compute dtype of " + std::string(dtype_name(query_dtype)) +
+                     " inputs (|x| <= " + to_string(largest) + ", float32's largest over log2(e)), got " +
+                     to_string(value));
+  };
+  if (options.scale) check_fits_float32("options.scale", *options.scale);
+  check_fits_float32("options.softcap", options.softcap);
+  const double p = options.dropout_p;
+  if (!(p >= 0.0 && p < 1.0))
+    fail("options.dropout_p", "expected a probability in [0, 1), got " + std::to_string(p));
+  if (options.num_threads < 0 || options.num_threads > Options::kMaxThreads)
+    fail("options.num_threads", "expected an integer in [0, " + std::to_string(Options::kMaxThreads) +
+                                    "] (0 = default), got " + std::to_string(options.num_threads));
+  if (options.window_left < -1)
+    fail("options.window_left", "expected >= 0, or -1 for unbounded, got " + std::to_string(options.window_left));
+  if (options.window_right < -1)
+    fail("options.window_right", "expected >= 0, or -1 for unbounded, got " + std::to_string(options.window_right));
+  if (!(std::isfinite(options.softcap) && options.softcap >= 0.0))
+    fail("options.softcap", "expected a finite cap > 0, or 0 for none, got " + std::to_string(options.softcap));
+  if (options.alignment && options.causal != Causal::none) {
+    const bool causal_bottom_right = options.causal == Causal::bottom_right;
+    if ((*options.alignment == Alignment::bottom_right) != causal_bottom_right)
+      fail("options.alignment", std::string("expected the causal alignment (") +
+                                    (causal_bottom_right ? "bottom_right" : "top_left") + "), got " +
+                                    (causal_bottom_right ? "top_left" : "bottom_right"));
+  }
+}
+
+void check_alibi_slopes(const TensorView& slopes, const Shape& batch_shape, std::int64_t heads_q) {
+  if (slopes.dtype != DType::float32 && slopes.dtype != DType::float64)
+    fail("alibi_slopes", std::string("expected float32 or float64, got ") + dtype_name(slopes.dtype), ErrorKind::type);
+  Shape full = batch_shape;
+  full.push_back(heads_q);
+  if (slopes.shape != Shape{heads_q} && slopes.shape != full)
+    fail("alibi_slopes", "expected shape (" + std::to_string(heads_q) + ",) or " + to_string(full) + ", got " +
+                             to_string(slopes.shape));
+  check_view(slopes, "alibi_slopes");
+}
+
+void resolve_options(const Options& options, DType dtype, Problem& p) {
+  // Causal is the window's right edge at the diagonal, with the causal alignment.
+  const bool bottom_right = options.causal != Causal::none
+                                ? options.causal == Causal::bottom_right
+                                : options.alignment.value_or(Alignment::bottom_right) == Alignment::bottom_right;
+  p.diagonal_shift = bottom_right ? p.S - p.L : 0;
+  // A side wider than L + S reaches every key: clamped so that i + shift ± side cannot overflow.
+  p.window_left = std::min(options.window_left, p.L + p.S);
+  p.window_right = std::min(options.window_right, p.L + p.S);
+  if (options.causal != Causal::none) p.window_right = p.window_right < 0 ? 0 : std::min<std::int64_t>(p.window_right, 0);
+  p.softcap = options.softcap;
+  if (options.alibi_slopes) {
+    // One slope per query matrix (batch · Hq), whichever of the two shapes was given.
+    const TensorView& slopes = *options.alibi_slopes;
+    const Shape strides = slopes.effective_strides();
+    const bool per_batch = slopes.rank() > 1;
+    p.alibi_slopes.resize(static_cast<std::size_t>(p.batch * p.heads_q));
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        std::int64_t offset = h * strides.back(), rest = b;
+        for (std::size_t d = slopes.rank() - 1; per_batch && d-- > 0;) {  // unravel b over the batch dims
+          offset += (rest % slopes.shape[d]) * strides[d];
+          rest /= slopes.shape[d];
+        }
+        p.alibi_slopes[static_cast<std::size_t>(b * p.heads_q + h)] = load_element<double>(
+            static_cast<const std::byte*>(slopes.data) + offset * static_cast<std::int64_t>(dtype_size(slopes.dtype)),
+            slopes.dtype);
+      }
+  }
+  p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p.E));
+  p.dropout_p = options.dropout_p;
+  p.seed = options.seed;
+  p.offset = options.offset;
+  p.num_threads = options.num_threads;
+  p.float64 = dtype == DType::float64;
+}
+
+Options sequence_options(const Options& options, std::int64_t b) {
+  Options sequence = options;
+  if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
+    TensorView row = batch_element(*options.alibi_slopes, b);
+    row.shape.erase(row.shape.begin());
+    row.strides.erase(row.strides.begin());
+    sequence.alibi_slopes = row;
+  }
+  return sequence;
+}
+
+}  // namespace sdpa::detail
