@@ -1,7 +1,7 @@
 // The backward entry points: validate once, then dispatch to a backend. The pieces of
 // the contract that are not kernel work live here: zero gradients where there is
 // nothing to compute, and the mask gradient's sum over the dims the mask broadcasts.
-#include "cpu/backward.h"
+#include "sdpa/sdpa.h"
 
 #include <cstring>
 #include <vector>
@@ -10,8 +10,8 @@
 #include "api/validate.h"
 #include "api/varlen.h"
 #include "common/element.h"
+#include "cpu/backward.h"
 #include "reference/backward.h"
-#include "sdpa/sdpa.h"
 
 namespace sdpa {
 

@@ -1,4 +1,6 @@
 // Entry points: validate once, then dispatch to a backend.
+#include "sdpa/sdpa.h"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -8,7 +10,6 @@
 #include "api/varlen.h"
 #include "cpu/forward.h"
 #include "reference/attention.h"
-#include "sdpa/sdpa.h"
 
 namespace sdpa {
 

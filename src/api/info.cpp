@@ -1,9 +1,10 @@
+#include "sdpa/sdpa.h"
+
 #include <omp.h>
 
 #include <string>
 
 #include "cpu/forward.h"
-#include "sdpa/sdpa.h"
 
 namespace sdpa {
 

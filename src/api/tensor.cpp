@@ -1,8 +1,9 @@
+#include "sdpa/tensor.h"
+
 #include <cstring>
 
 #include "common/element.h"
 #include "sdpa/error.h"
-#include "sdpa/tensor.h"
 
 namespace sdpa {
 

@@ -2,13 +2,14 @@
 // 2 / (fan_in + fan_out) keeps activations and gradients at the same scale through the
 // layer. Random numbers come from Philox4x32-10 keyed by the seed, one counter per
 // element, so the weights are a pure function of (seed, shape).
+#include "sdpa/nn.h"
+
 #include <cmath>
 #include <numbers>
 #include <vector>
 
 #include "common/philox.h"
 #include "sdpa/error.h"
-#include "sdpa/nn.h"
 
 namespace sdpa::nn {
 namespace {

@@ -2,11 +2,12 @@
 // contiguous, so the view of the first `length` positions is a plain strided tensor and
 // sdpa::forward reads it without a copy. Growing by doubling makes appending T tokens
 // one at a time cost O(T) copies in total.
+#include "sdpa/nn.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "sdpa/error.h"
-#include "sdpa/nn.h"
 
 namespace sdpa::nn {
 namespace {

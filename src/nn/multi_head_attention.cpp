@@ -1,6 +1,8 @@
 // Multi-head attention around sdpa::forward. The projections write (B, L, H·D) rows, the
 // layout a GEMM produces; the attention reads and writes them as strided (B, H, L, D)
 // views, so no transpose is ever materialised (DESIGN.md §1: any strides).
+#include "sdpa/nn.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -13,7 +15,6 @@
 #include "nn/linear.h"
 #include "nn/masks.h"
 #include "sdpa/error.h"
-#include "sdpa/nn.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::nn {

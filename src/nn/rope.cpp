@@ -1,11 +1,12 @@
 // Rotary position embedding (RoFormer, arXiv:2104.09864, eq. 34). The angles are
 // computed in double whatever the tensor's dtype: p · θ_i reaches 10^5 and more for long
 // contexts, where float32 angles lose the low bits that tell neighbouring positions apart.
+#include "sdpa/nn.h"
+
 #include <cmath>
 #include <vector>
 
 #include "sdpa/error.h"
-#include "sdpa/nn.h"
 
 namespace sdpa::nn {
 namespace {
