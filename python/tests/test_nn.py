@@ -90,14 +90,21 @@ def compatible(mask, padding):
 CASES = [c for c in itertools.product([True, False], LAYOUTS, MASKS, PADDINGS) if compatible(c[2], c[3])]
 
 
+def torch_layer_and_ours(layout, batch_first, n):
+    """torch's layer for LAYOUTS[layout], sdpa's with the same weights, and float64
+    inputs for a batch of n."""
+    cfg = LAYOUTS[layout]
+    kdim, vdim = cfg["kdim"] or cfg["embed"], cfg["vdim"] or cfg["embed"]
+    ref = torch_mha(cfg["embed"], cfg["heads"], cfg["kdim"], cfg["vdim"], batch_first)
+    return ref, sdpa.MultiheadAttention.from_torch(ref), inputs(n, cfg["l"], cfg["s"], cfg["embed"], kdim, vdim,
+                                                                 batch_first)
+
+
 @pytest.mark.parametrize("batch_first,layout,mask_kind,padding_kind", CASES)
 def test_matches_torch_multihead_attention_in_float64(batch_first, layout, mask_kind, padding_kind):
     cfg = LAYOUTS[layout]
     n, heads = 3, cfg["heads"]
-    kdim, vdim = cfg["kdim"] or cfg["embed"], cfg["vdim"] or cfg["embed"]
-    ref = torch_mha(cfg["embed"], heads, cfg["kdim"], cfg["vdim"], batch_first)
-    ours = sdpa.MultiheadAttention.from_torch(ref)
-    q, k, v = inputs(n, cfg["l"], cfg["s"], cfg["embed"], kdim, vdim, batch_first)
+    ref, ours, (q, k, v) = torch_layer_and_ours(layout, batch_first, n)
     if layout == "self":
         k = v = q
     mask = attn_mask(mask_kind, n, heads, cfg["l"], cfg["s"])
@@ -439,10 +446,7 @@ def test_layer_gradients_match_torch_multihead_attention_in_float64(layout, mask
     own layer with the same weights."""
     cfg = LAYOUTS[layout]
     n, heads = 3, cfg["heads"]
-    kdim, vdim = cfg["kdim"] or cfg["embed"], cfg["vdim"] or cfg["embed"]
-    ref = torch_mha(cfg["embed"], heads, cfg["kdim"], cfg["vdim"], batch_first)
-    ours = sdpa.MultiheadAttention.from_torch(ref)
-    q, k, v = inputs(n, cfg["l"], cfg["s"], cfg["embed"], kdim, vdim, batch_first)
+    ref, ours, (q, k, v) = torch_layer_and_ours(layout, batch_first, n)
     mask = attn_mask(mask_kind, n, heads, cfg["l"], cfg["s"])
     pad = padding_mask(padding_kind, n, cfg["s"])
     if layout == "self":
