@@ -124,8 +124,7 @@ void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequen
     run(sequence.problem, sequence.gradients, options.backend);
 }
 
-BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences,
-                               const Options& options) {
+BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const Options& options) {
   detail::check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);  // before sizing by them
   BackwardResult result;
   const DType dtype = inputs.query.dtype;

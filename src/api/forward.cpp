@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/paged.h"
+#include "api/sequences.h"
 #include "api/validate.h"
 #include "api/varlen.h"
 #include "cpu/forward.h"
@@ -44,14 +45,14 @@ ForwardResult allocate(const detail::OutputShapes& shapes, Returns returns, Forw
 
 }  // namespace
 
-void forward(const TensorView& query, const TensorView& key, const TensorView& value,
-             const ForwardOutputs& outputs, const Options& options) {
+void forward(const TensorView& query, const TensorView& key, const TensorView& value, const ForwardOutputs& outputs,
+             const Options& options) {
   const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
   run({detail::make_problem(inputs, outputs)}, options.backend);
 }
 
-ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
-                      const Options& options, Returns returns) {
+ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value, const Options& options,
+                      Returns returns) {
   const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
   ForwardResult result;
   result.output = Tensor(query.dtype, inputs.output_shape);
@@ -78,7 +79,8 @@ void forward_varlen(const TensorView& query, const TensorView& key, const Tensor
 ForwardResult forward_varlen(const TensorView& query, const TensorView& key, const TensorView& value,
                              const VarlenSequences& sequences, const Options& options, Returns returns) {
   ForwardOutputs outputs;
-  ForwardResult result = allocate(detail::check_varlen_inputs(query, key, value, sequences, options), returns, &outputs);
+  ForwardResult result =
+      allocate(detail::check_varlen_inputs(query, key, value, sequences, options), returns, &outputs);
   forward_varlen(query, key, value, sequences, outputs, options);
   return result;
 }

@@ -40,8 +40,8 @@ Operand lse_operand(const TensorView& lse, const Shape& batch_shape, std::int64_
 Shape mask_broadcast_strides(const TensorView& mask, const Shape& target) {
   const std::size_t mr = mask.shape.size(), tr = target.size();
   if (mr > tr)
-    fail("mask", "expected at most " + std::to_string(tr) + " dims, broadcastable to " + to_string(target) +
-                     ", got shape " + to_string(mask.shape));
+    fail("mask", "expected at most " + std::to_string(tr) + " dims, broadcastable to " + shape_string(target) +
+                     ", got shape " + shape_string(mask.shape));
   const Shape mask_strides = mask.effective_strides();
   Shape strides(tr, 0);
   for (std::size_t d = 0; d < mr; ++d) {
@@ -49,7 +49,7 @@ Shape mask_broadcast_strides(const TensorView& mask, const Shape& target) {
     if (mask.shape[d] == target[t]) {
       strides[t] = target[t] == 1 ? 0 : mask_strides[d];
     } else if (mask.shape[d] != 1) {
-      fail("mask", "expected a shape broadcastable to " + to_string(target) + ", got " + to_string(mask.shape) +
+      fail("mask", "expected a shape broadcastable to " + shape_string(target) + ", got " + shape_string(mask.shape) +
                        " (dim " + std::to_string(d) + ")");
     }
   }

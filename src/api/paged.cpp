@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "api/operands.h"
 #include "api/resolve_options.h"
 #include "api/validate.h"
 
@@ -24,13 +23,14 @@ PagedSizes check_paged_operands(const TensorView& query, const PagedKV& cache, c
   const PagedSizes n{query.shape[0], query.shape[1], kp.shape[1], query.shape[2],
                      query.shape[3], vp.shape[3],    kp.shape[0], kp.shape[2]};
   if (kp.shape[3] != n.E)
-    fail("key_pages", "expected head dim E = " + std::to_string(n.E) + " (the query's), got " + std::to_string(kp.shape[3]));
-  if (n.E < 1) fail("query", "expected head dim E >= 1, got shape " + to_string(query.shape));
+    fail("key_pages",
+         "expected head dim E = " + std::to_string(n.E) + " (the query's), got " + std::to_string(kp.shape[3]));
+  if (n.E < 1) fail("query", "expected head dim E >= 1, got shape " + shape_string(query.shape));
   if (vp.shape[0] != n.pages || vp.shape[1] != n.heads_kv || vp.shape[2] != n.page_rows)
     fail("value_pages", "expected (" + std::to_string(n.pages) + ", " + std::to_string(n.heads_kv) + ", " +
-                            std::to_string(n.page_rows) + ", Ev) like key_pages, got shape " + to_string(vp.shape));
+                            std::to_string(n.page_rows) + ", Ev) like key_pages, got shape " + shape_string(vp.shape));
   check_heads(n.heads_q, n.heads_kv, "key_pages");
-  if (n.page_rows < 1) fail("key_pages", "expected a page size >= 1, got shape " + to_string(kp.shape));
+  if (n.page_rows < 1) fail("key_pages", "expected a page size >= 1, got shape " + shape_string(kp.shape));
 
   const std::int64_t blocks = cache.blocks_per_sequence;
   if (blocks < 0) fail("blocks_per_sequence", "expected >= 0, got " + std::to_string(blocks));
@@ -69,7 +69,8 @@ Operand paged_operand(const TensorView& pages, const PagedKV& cache, std::int64_
   op.page_rows = pages.shape[2];
   for (std::int64_t h = 0; h < pages.shape[1]; ++h) op.head_offset.push_back(h * strides[1]);
   for (std::int64_t k = 0; k < (S + op.page_rows - 1) / op.page_rows; ++k)
-    op.page_offset.push_back(cache.block_table[static_cast<std::size_t>(b * cache.blocks_per_sequence + k)] * strides[0]);
+    op.page_offset.push_back(cache.block_table[static_cast<std::size_t>(b * cache.blocks_per_sequence + k)] *
+                             strides[0]);
   return op;
 }
 
@@ -87,7 +88,9 @@ TensorView stand_in_keys(const TensorView& pages, std::int64_t S) {
 
 OutputShapes check_paged_inputs(const TensorView& query, const PagedKV& cache, const Options& options) {
   const PagedSizes n = check_paged_operands(query, cache, options);
-  return {{n.batch, n.heads_q, n.L, n.Ev}, {n.batch, n.heads_q, n.L}, query.dtype,
+  return {{n.batch, n.heads_q, n.L, n.Ev},
+          {n.batch, n.heads_q, n.L},
+          query.dtype,
           query.dtype == DType::float64 ? DType::float64 : DType::float32};
 }
 

@@ -21,14 +21,13 @@ void check_options(const Options& options, DType query_dtype) {
     const double largest = std::numeric_limits<float>::max() / std::numbers::log2e;
     if (query_dtype != DType::float64 && std::abs(value) > largest)
       fail(name, "expected a number finite in float32, the compute dtype of " + std::string(dtype_name(query_dtype)) +
-                     " inputs (|x| <= " + to_string(largest) + ", float32's largest over log2(e)), got " +
-                     to_string(value));
+                     " inputs (|x| <= " + number_string(largest) + ", float32's largest over log2(e)), got " +
+                     number_string(value));
   };
   if (options.scale) check_fits_float32("options.scale", *options.scale);
   check_fits_float32("options.softcap", options.softcap);
   const double p = options.dropout_p;
-  if (!(p >= 0.0 && p < 1.0))
-    fail("options.dropout_p", "expected a probability in [0, 1), got " + std::to_string(p));
+  if (!(p >= 0.0 && p < 1.0)) fail("options.dropout_p", "expected a probability in [0, 1), got " + std::to_string(p));
   if (options.num_threads < 0 || options.num_threads > Options::kMaxThreads)
     fail("options.num_threads", "expected an integer in [0, " + std::to_string(Options::kMaxThreads) +
                                     "] (0 = default), got " + std::to_string(options.num_threads));
@@ -53,8 +52,8 @@ void check_alibi_slopes(const TensorView& slopes, const Shape& batch_shape, std:
   Shape full = batch_shape;
   full.push_back(heads_q);
   if (slopes.shape != Shape{heads_q} && slopes.shape != full)
-    fail("alibi_slopes", "expected shape (" + std::to_string(heads_q) + ",) or " + to_string(full) + ", got " +
-                             to_string(slopes.shape));
+    fail("alibi_slopes", "expected shape (" + std::to_string(heads_q) + ",) or " + shape_string(full) + ", got " +
+                             shape_string(slopes.shape));
   check_view(slopes, "alibi_slopes");
 }
 
@@ -67,7 +66,8 @@ void resolve_options(const Options& options, DType dtype, Problem& p) {
   // A side wider than L + S reaches every key: clamped so that i + shift ± side cannot overflow.
   p.window_left = std::min(options.window_left, p.L + p.S);
   p.window_right = std::min(options.window_right, p.L + p.S);
-  if (options.causal != Causal::none) p.window_right = p.window_right < 0 ? 0 : std::min<std::int64_t>(p.window_right, 0);
+  if (options.causal != Causal::none)
+    p.window_right = p.window_right < 0 ? 0 : std::min<std::int64_t>(p.window_right, 0);
   p.softcap = options.softcap;
   if (options.alibi_slopes) {
     // One slope per query matrix (batch · Hq), whichever of the two shapes was given.
@@ -93,17 +93,6 @@ void resolve_options(const Options& options, DType dtype, Problem& p) {
   p.offset = options.offset;
   p.num_threads = options.num_threads;
   p.float64 = dtype == DType::float64;
-}
-
-Options sequence_options(const Options& options, std::int64_t b) {
-  Options sequence = options;
-  if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
-    TensorView row = batch_element(*options.alibi_slopes, b);
-    row.shape.erase(row.shape.begin());
-    row.strides.erase(row.strides.begin());
-    sequence.alibi_slopes = row;
-  }
-  return sequence;
 }
 
 }  // namespace sdpa::detail

@@ -23,8 +23,4 @@ void check_alibi_slopes(const TensorView& slopes, const Shape& batch_shape, std:
 // must be set. `dtype` is the inputs' dtype.
 void resolve_options(const Options& options, DType dtype, Problem& p);
 
-// The options of sequence b of a packed or paged call: per-batch ALiBi slopes
-// (batch, Hq) become its row (Hq,).
-Options sequence_options(const Options& options, std::int64_t b);
-
 }  // namespace sdpa::detail

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "api/views.h"
+
 namespace sdpa::detail {
 
 void check_no_weights(bool requested) {
@@ -23,7 +25,8 @@ void check_float_operands(const std::vector<std::pair<const TensorView*, const c
     if (view->dtype != dtype)
       fail(name, std::string("expected the query's dtype ") + dtype_name(dtype) + ", got " + dtype_name(view->dtype),
            ErrorKind::type);
-    if (view->rank() != rank) fail(name, std::string("expected ") + layout + ", got shape " + to_string(view->shape));
+    if (view->rank() != rank)
+      fail(name, std::string("expected ") + layout + ", got shape " + shape_string(view->shape));
     check_view(*view, name);
   }
 }
@@ -32,7 +35,46 @@ void check_heads(std::int64_t heads_q, std::int64_t heads_kv, const char* key_na
   if (heads_kv < 1) fail(key_name, "expected at least one head, got " + std::to_string(heads_kv));
   if (heads_q % heads_kv != 0)
     fail(key_name, "expected a head count dividing the query's " + std::to_string(heads_q) + " (GQA), got " +
-                    std::to_string(heads_kv));
+                       std::to_string(heads_kv));
+}
+
+TensorView sequence_view(const TensorView& packed, std::int64_t row0, std::int64_t rows) {
+  const Shape strides = packed.effective_strides();
+  TensorView view;
+  view.dtype = packed.dtype;
+  view.data = packed.numel() == 0 ? packed.data
+                                  : static_cast<std::byte*>(packed.data) +
+                                        row0 * strides[1] * static_cast<std::int64_t>(dtype_size(packed.dtype));
+  view.shape = {1, packed.shape[0], rows};
+  view.strides = {0, strides[0], strides[1]};
+  for (std::size_t d = 2; d < packed.shape.size(); ++d) {  // the column dim, if any (lse has none)
+    view.shape.push_back(packed.shape[d]);
+    view.strides.push_back(strides[d]);
+  }
+  return view;
+}
+
+TensorView batch_element(const TensorView& view, std::int64_t b) {
+  const Shape strides = view.effective_strides();
+  TensorView element = view;
+  element.strides = strides;
+  element.shape[0] = 1;
+  element.strides[0] = 0;
+  if (view.numel() != 0)
+    element.data =
+        static_cast<std::byte*>(view.data) + b * strides[0] * static_cast<std::int64_t>(dtype_size(view.dtype));
+  return element;
+}
+
+Options sequence_options(const Options& options, std::int64_t b) {
+  Options sequence = options;
+  if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
+    TensorView row = batch_element(*options.alibi_slopes, b);
+    row.shape.erase(row.shape.begin());
+    row.strides.erase(row.strides.begin());
+    sequence.alibi_slopes = row;
+  }
+  return sequence;
 }
 
 }  // namespace sdpa::detail

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "api/views.h"
-#include "sdpa/sdpa.h"
+#include "sdpa/options.h"
+#include "sdpa/tensor.h"
 
 namespace sdpa::detail {
 
@@ -34,5 +34,15 @@ void check_float_operands(const std::vector<std::pair<const TensorView*, const c
 
 // Hkv >= 1 dividing Hq (GQA); errors name `key_name`.
 void check_heads(std::int64_t heads_q, std::int64_t heads_kv, const char* key_name);
+
+// Rows [row0, row0 + rows) of a (heads, total, cols) packed view as a (1, heads, rows,
+// cols) view: one sequence, as forward() takes it.
+TensorView sequence_view(const TensorView& packed, std::int64_t row0, std::int64_t rows);
+
+// Element b of a (batch, ...) view with the batch dim kept at size 1.
+TensorView batch_element(const TensorView& view, std::int64_t b);
+
+// The options of sequence b: per-batch ALiBi slopes (batch, Hq) become its row (Hq,).
+Options sequence_options(const Options& options, std::int64_t b);
 
 }  // namespace sdpa::detail

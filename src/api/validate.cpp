@@ -1,9 +1,7 @@
-// Argument checking and resolution (DESIGN.md §1, "Bad input"). Every message reads
-// "<argument>: expected <what>, got <what>", and nothing is written before all checks
-// have passed.
+// A dense call checked and resolved (DESIGN.md §1, "Bad input"): check_inputs before
+// any output is sized, make_problem / make_backward_problem once the buffers exist.
 #include "api/validate.h"
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -50,30 +48,32 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
       fail(names[t], std::string("expected float16, bfloat16, float32 or float64, got ") + dtype_name(views[t]->dtype),
            ErrorKind::type);
     if (views[t]->dtype != query.dtype)
-      fail(names[t], std::string("expected the query's dtype ") + dtype_name(query.dtype) + ", got " +
-                         dtype_name(views[t]->dtype), ErrorKind::type);
+      fail(
+          names[t],
+          std::string("expected the query's dtype ") + dtype_name(query.dtype) + ", got " + dtype_name(views[t]->dtype),
+          ErrorKind::type);
     if (views[t]->rank() < 2)
-      fail(names[t], "expected rank >= 2 ((..., heads, seq, dim)), got shape " + to_string(views[t]->shape));
+      fail(names[t], "expected rank >= 2 ((..., heads, seq, dim)), got shape " + shape_string(views[t]->shape));
     if (views[t]->rank() != query.rank())
       fail(names[t], "expected rank " + std::to_string(query.rank()) + " like the query, got shape " +
-                         to_string(views[t]->shape));
+                         shape_string(views[t]->shape));
     check_view(*views[t], names[t]);
   }
 
   const Dims q = split(query), k = split(key), v = split(value);
   if (k.batch != q.batch)
-    fail("key", "expected batch dims " + to_string(q.batch) + " like the query, got " + to_string(k.batch));
+    fail("key", "expected batch dims " + shape_string(q.batch) + " like the query, got " + shape_string(k.batch));
   if (v.batch != q.batch)
-    fail("value", "expected batch dims " + to_string(q.batch) + " like the query, got " + to_string(v.batch));
+    fail("value", "expected batch dims " + shape_string(q.batch) + " like the query, got " + shape_string(v.batch));
   if (k.cols != q.cols)
     fail("key", "expected head dim E = " + std::to_string(q.cols) + " (the query's), got " + std::to_string(k.cols));
-  if (q.cols < 1) fail("query", "expected head dim E >= 1, got shape " + to_string(query.shape));
+  if (q.cols < 1) fail("query", "expected head dim E >= 1, got shape " + shape_string(query.shape));
   if (v.rows != k.rows)
-    fail("value", "expected sequence length S = " + std::to_string(k.rows) + " (the key's), got " +
-                      std::to_string(v.rows));
+    fail("value",
+         "expected sequence length S = " + std::to_string(k.rows) + " (the key's), got " + std::to_string(v.rows));
   if (v.heads != k.heads)
     fail("value", "expected " + std::to_string(k.heads) + " heads (the key's), got " + std::to_string(v.heads));
-  if (k.heads < 1) fail("key", "expected at least one head, got shape " + to_string(key.shape));
+  if (k.heads < 1) fail("key", "expected at least one head, got shape " + shape_string(key.shape));
   if (q.heads % k.heads != 0)
     fail("key", "expected a head count dividing the query's " + std::to_string(q.heads) + " (GQA), got " +
                     std::to_string(k.heads));
@@ -138,8 +138,8 @@ Problem resolve_inputs(const CheckedInputs& in) {
 
 }  // namespace
 
-void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape,
-                          DType dtype, DType lse_dtype, std::vector<Span>& input_spans) {
+void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape, DType dtype,
+                          DType lse_dtype, std::vector<Span>& input_spans) {
   std::vector<ExpectedView> reads{{&tensors.output, "output", &output_shape, dtype},
                                   {&tensors.lse, "lse", &lse_shape, lse_dtype},
                                   {&tensors.grad_output, "grad_output", &output_shape, dtype}};
@@ -156,8 +156,7 @@ Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
 
   Problem p = resolve_inputs(in);
   p.output = make_operand(outputs.output, in.batch_shape, in.heads_q);
-  if (outputs.weights)
-    p.weights = make_operand(*outputs.weights, in.batch_shape, in.heads_q);
+  if (outputs.weights) p.weights = make_operand(*outputs.weights, in.batch_shape, in.heads_q);
   if (outputs.lse) p.lse = lse_operand(*outputs.lse, in.batch_shape, in.heads_q);
   return p;
 }
@@ -171,8 +170,8 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
   check_backward_reads(tensors, in.output_shape, in.lse_shape, query.dtype, in.lse_dtype, input_spans);
 
   std::vector<ExpectedView> outs{{&outputs.grad_query, "grad_query", &query.shape, query.dtype},
-                           {&outputs.grad_key, "grad_key", &in.key->shape, query.dtype},
-                           {&outputs.grad_value, "grad_value", &in.value->shape, query.dtype}};
+                                 {&outputs.grad_key, "grad_key", &in.key->shape, query.dtype},
+                                 {&outputs.grad_value, "grad_value", &in.value->shape, query.dtype}};
   if (outputs.grad_mask) {
     if (!options.mask) fail("grad_mask", "expected no buffer when there is no mask, got one");
     if (options.mask->dtype == DType::boolean)
@@ -187,8 +186,7 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
   p.output = make_operand(tensors.output, in.batch_shape, in.heads_q);
   p.lse = lse_operand(tensors.lse, in.batch_shape, in.heads_q);
   if (tensors.grad_lse) p.grad_lse = lse_operand(*tensors.grad_lse, in.batch_shape, in.heads_q);
-  p.grad_output =
-      make_operand(tensors.grad_output, in.batch_shape, in.heads_q);
+  p.grad_output = make_operand(tensors.grad_output, in.batch_shape, in.heads_q);
   p.grad_query = make_operand(outputs.grad_query, in.batch_shape, in.heads_q);
   p.grad_key = make_operand(outputs.grad_key, in.batch_shape, in.heads_kv);
   p.grad_value = make_operand(outputs.grad_value, in.batch_shape, in.heads_kv);

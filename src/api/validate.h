@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "api/views.h"
 #include "common/backward_problem.h"
 #include "common/problem.h"
-#include "api/views.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
@@ -36,7 +36,7 @@ Problem make_problem(const CheckedInputs& inputs, const ForwardOutputs& outputs)
 struct CheckedBackward {
   BackwardProblem problem;
   // The mask gradient sums over broadcast dims. problem.grad_mask is then absent: the
-  // caller points it at a full-size scratch (full_scores_operand) and sums that into the
+  // caller points it at a full-size (weights_shape) scratch (backward.cpp) and sums that into the
   // grad_mask buffer afterwards, in a fixed order.
   bool mask_gradient_sums = false;
 };
@@ -50,8 +50,7 @@ CheckedBackward make_backward_problem(const CheckedInputs& inputs, const Backwar
 // A backward's read-only tensors besides Q, K, V: the forward's output and lse, dO, and
 // dlse when given. Any strides (an expanded dO of ones is what autograd hands over for
 // a sum), but the shapes and dtypes the forward gives. Adds their spans to `input_spans`.
-void check_backward_reads(const BackwardInputs& tensors, const std::vector<std::int64_t>& output_shape,
-                          const std::vector<std::int64_t>& lse_shape, DType dtype, DType lse_dtype,
-                          std::vector<Span>& input_spans);
+void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape, DType dtype,
+                          DType lse_dtype, std::vector<Span>& input_spans);
 
 }  // namespace sdpa::detail

@@ -31,14 +31,19 @@ PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key
   check_options(options, query.dtype);
   check_no_mask(options);
   check_float_operands({{&query, "query"}, {&key, "key"}, {&value, "value"}}, 3, "rank 3 (heads, total, dim)");
-  const PackedSizes n{query.shape[0], key.shape[0], query.shape[1], key.shape[1], query.shape[2], value.shape[2],
+  const PackedSizes n{query.shape[0],
+                      key.shape[0],
+                      query.shape[1],
+                      key.shape[1],
+                      query.shape[2],
+                      value.shape[2],
                       static_cast<std::int64_t>(sequences.cu_seqlens_q.size()) - 1};
   if (key.shape[2] != n.E)
     fail("key", "expected head dim E = " + std::to_string(n.E) + " (the query's), got " + std::to_string(key.shape[2]));
-  if (n.E < 1) fail("query", "expected head dim E >= 1, got shape " + to_string(query.shape));
+  if (n.E < 1) fail("query", "expected head dim E >= 1, got shape " + shape_string(query.shape));
   if (value.shape[0] != n.heads_kv || value.shape[1] != n.total_k)
     fail("value", "expected (" + std::to_string(n.heads_kv) + ", " + std::to_string(n.total_k) +
-                      ", Ev) like the key, got shape " + to_string(value.shape));
+                      ", Ev) like the key, got shape " + shape_string(value.shape));
   check_heads(n.heads_q, n.heads_kv, "key");
   check_cu_seqlens(sequences.cu_seqlens_q, n.total_q, "cu_seqlens_q");
   check_cu_seqlens(sequences.cu_seqlens_k, n.total_k, "cu_seqlens_k");
@@ -55,7 +60,9 @@ PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key
 OutputShapes check_varlen_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
                                  const VarlenSequences& sequences, const Options& options) {
   const PackedSizes n = check_varlen_operands(query, key, value, sequences, options);
-  return {{n.heads_q, n.total_q, n.Ev}, {n.heads_q, n.total_q}, query.dtype,
+  return {{n.heads_q, n.total_q, n.Ev},
+          {n.heads_q, n.total_q},
+          query.dtype,
           query.dtype == DType::float64 ? DType::float64 : DType::float32};
 }
 
@@ -109,9 +116,9 @@ std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs
   std::vector<SequenceBackward> calls;
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
     const std::int64_t q0 = cu_q[b], L = cu_q[b + 1] - q0, k0 = cu_k[b], S = cu_k[b + 1] - k0;
-    BackwardInputs sequence{sequence_view(inputs.query, q0, L),  sequence_view(inputs.key, k0, S),
-                            sequence_view(inputs.value, k0, S),  sequence_view(inputs.output, q0, L),
-                            sequence_view(inputs.lse, q0, L),    sequence_view(inputs.grad_output, q0, L)};
+    BackwardInputs sequence{sequence_view(inputs.query, q0, L), sequence_view(inputs.key, k0, S),
+                            sequence_view(inputs.value, k0, S), sequence_view(inputs.output, q0, L),
+                            sequence_view(inputs.lse, q0, L),   sequence_view(inputs.grad_output, q0, L)};
     if (inputs.grad_lse) sequence.grad_lse = sequence_view(*inputs.grad_lse, q0, L);
     BackwardOutputs gradients{sequence_view(outputs.grad_query, q0, L), sequence_view(outputs.grad_key, k0, S),
                               sequence_view(outputs.grad_value, k0, S), std::nullopt};

@@ -8,9 +8,12 @@
 #include "api/sequences.h"
 #include "common/backward_problem.h"
 #include "common/problem.h"
+#include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
 
+// The whole call checked, giving the output shapes: what the allocating forms size their
+// buffers by before the buffer form (make_varlen_problems) checks again with them.
 OutputShapes check_varlen_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
                                  const VarlenSequences& sequences, const Options& options);
 std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorView& key, const TensorView& value,

@@ -7,7 +7,7 @@
 
 namespace sdpa::detail {
 
-std::string to_string(const Shape& shape) {
+std::string shape_string(const Shape& shape) {
   std::ostringstream out;
   out << '(';
   for (std::size_t d = 0; d < shape.size(); ++d) out << (d ? ", " : "") << shape[d];
@@ -15,7 +15,7 @@ std::string to_string(const Shape& shape) {
   return out.str();
 }
 
-std::string to_string(double value) {
+std::string number_string(double value) {
   std::ostringstream out;
   out << value;
   return out.str();
@@ -31,6 +31,8 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argu
     fail(argument, "expected sizes whose product fits in 64 bits, got an overflow");
   return product;
 }
+namespace {
+
 std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument) {
   std::int64_t sum;
   if (__builtin_add_overflow(a, b, &sum))
@@ -38,13 +40,15 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argu
   return sum;
 }
 
+}  // namespace
+
 Span check_view(const TensorView& view, const std::string& name) {
   if (!view.strides.empty() && view.strides.size() != view.shape.size())
     fail(name, "expected " + std::to_string(view.shape.size()) + " strides (one per dim of shape " +
-                   to_string(view.shape) + "), got " + std::to_string(view.strides.size()));
+                   shape_string(view.shape) + "), got " + std::to_string(view.strides.size()));
   std::int64_t count = 1;
   for (std::int64_t size : view.shape) {
-    if (size < 0) fail(name, "expected non-negative sizes, got shape " + to_string(view.shape));
+    if (size < 0) fail(name, "expected non-negative sizes, got shape " + shape_string(view.shape));
     count = checked_mul(count, size, name);
   }
   if (count == 0) return {};
@@ -62,8 +66,10 @@ Span check_view(const TensorView& view, const std::string& name) {
   return {base + static_cast<std::uintptr_t>(low_bytes), base + static_cast<std::uintptr_t>(high_bytes)};
 }
 
-// Sufficient test: ordered by |stride|, each stride steps past everything the smaller
-// ones reach.
+namespace {
+
+// Outputs are written in parallel: no two elements may share memory. Sufficient test:
+// ordered by |stride|, each stride steps past everything the smaller ones reach.
 void check_no_self_overlap(const TensorView& view, const std::string& name) {
   if (view.numel() == 0) return;  // nothing is written (NumPy gives empty arrays zero strides)
   const Shape strides = view.effective_strides();
@@ -74,20 +80,19 @@ void check_no_self_overlap(const TensorView& view, const std::string& name) {
   std::int64_t reach = 1;  // elements covered by the dims so far
   for (auto [stride, size] : dims) {
     if (stride < reach)
-      fail(name, "expected an output whose elements do not overlap, got strides " + to_string(strides) +
-                     " for shape " + to_string(view.shape));
+      fail(name, "expected an output whose elements do not overlap, got strides " + shape_string(strides) +
+                     " for shape " + shape_string(view.shape));
     reach = stride * (size - 1) + reach;
   }
 }
-
-namespace {
 
 // One buffer's dtype, shape and view; returns its span.
 Span check_expected(const ExpectedView& e) {
   if (e.view->dtype != e.dtype)
     fail(e.name, std::string("expected dtype ") + dtype_name(e.dtype) + ", got " + dtype_name(e.view->dtype),
          ErrorKind::type);
-  if (e.view->shape != *e.shape) fail(e.name, "expected shape " + to_string(*e.shape) + ", got " + to_string(e.view->shape));
+  if (e.view->shape != *e.shape)
+    fail(e.name, "expected shape " + shape_string(*e.shape) + ", got " + shape_string(e.view->shape));
   return check_view(*e.view, e.name);
 }
 
@@ -108,33 +113,6 @@ void check_outputs(const std::vector<ExpectedView>& outputs, const std::vector<S
       if (span.overlaps(other)) fail(o.name, "expected a buffer apart from the other outputs, got an overlap");
     output_spans.push_back(span);
   }
-}
-
-TensorView sequence_view(const TensorView& packed, std::int64_t row0, std::int64_t rows) {
-  const Shape strides = packed.effective_strides();
-  TensorView view;
-  view.dtype = packed.dtype;
-  view.data = packed.numel() == 0 ? packed.data
-                                  : static_cast<std::byte*>(packed.data) +
-                                        row0 * strides[1] * static_cast<std::int64_t>(dtype_size(packed.dtype));
-  view.shape = {1, packed.shape[0], rows};
-  view.strides = {0, strides[0], strides[1]};
-  for (std::size_t d = 2; d < packed.shape.size(); ++d) {  // the column dim, if any (lse has none)
-    view.shape.push_back(packed.shape[d]);
-    view.strides.push_back(strides[d]);
-  }
-  return view;
-}
-
-TensorView batch_element(const TensorView& view, std::int64_t b) {
-  const Shape strides = view.effective_strides();
-  TensorView element = view;
-  element.strides = strides;
-  element.shape[0] = 1;
-  element.strides[0] = 0;
-  if (view.numel() != 0)
-    element.data = static_cast<std::byte*>(view.data) + b * strides[0] * static_cast<std::int64_t>(dtype_size(view.dtype));
-  return element;
 }
 
 }  // namespace sdpa::detail

@@ -15,16 +15,17 @@ namespace sdpa::detail {
 using Shape = std::vector<std::int64_t>;
 
 // (2, 3) and (5,), as NumPy prints shapes.
-std::string to_string(const Shape& shape);
+std::string shape_string(const Shape& shape);
 // A double as a person would write it (1e+39, 0.125), not std::to_string's 39 digits.
-std::string to_string(double value);
+std::string number_string(double value);
 
-// Throws sdpa::Error: "<argument>: <message>".
+// Throws sdpa::Error: "<argument>: <message>". Every check of the library reports this
+// way — "<argument>: expected <what>, got <what>" — and no check writes anything, so a
+// call either passes every check or changes nothing.
 [[noreturn]] void fail(const std::string& argument, const std::string& message, ErrorKind kind = ErrorKind::value);
 
-// a · b and a + b, or an error naming `argument` when they overflow int64.
+// a · b, or an error naming `argument` when it overflows int64.
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument);
-std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& argument);
 
 inline bool is_float(DType dtype) { return dtype != DType::boolean; }
 
@@ -42,9 +43,6 @@ struct Span {
 // Returns the bytes it spans.
 Span check_view(const TensorView& view, const std::string& name);
 
-// Outputs are written in parallel: no two elements may share memory.
-void check_no_self_overlap(const TensorView& view, const std::string& name);
-
 // A buffer and the shape and dtype it must have.
 struct ExpectedView {
   const TensorView* view;
@@ -60,12 +58,5 @@ void check_reads(const std::vector<ExpectedView>& reads, std::vector<Span>& inpu
 // Output buffers: dtype, shape and view checked, no two elements sharing memory, and no
 // overlap with an input (`input_spans`) or another output.
 void check_outputs(const std::vector<ExpectedView>& outputs, const std::vector<Span>& input_spans);
-
-// Rows [row0, row0 + rows) of a (heads, total, cols) packed view as a (1, heads, rows,
-// cols) view: one sequence, as forward() takes it.
-TensorView sequence_view(const TensorView& packed, std::int64_t row0, std::int64_t rows);
-
-// Element b of a (batch, ...) view with the batch dim kept at size 1.
-TensorView batch_element(const TensorView& view, std::int64_t b);
 
 }  // namespace sdpa::detail
