@@ -9,6 +9,7 @@ temporary folder, so that no test touches /dev or anything outside its own direc
 Run: SDPA_CLI=PATH/TO/sdpa python -m pytest tests/cli/test_output_files.py
 """
 
+import io
 import os
 import stat
 import subprocess
@@ -16,6 +17,8 @@ import threading
 
 import numpy as np
 import pytest
+
+from test_cli import attention  # the NumPy float64 oracle of the CLI's conformance checks
 
 SDPA = os.path.abspath(os.environ.get("SDPA_CLI", os.path.join(os.path.dirname(__file__),
                                                                 "../../build/release/sdpa")))
@@ -25,21 +28,12 @@ def sdpa(*args, **kwargs):
     return subprocess.run([SDPA, *map(str, args)], capture_output=True, timeout=120, **kwargs)
 
 
-def attention(q, k, v):
-    """The literal formula in float64 (no mask): output and log-sum-exp."""
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
-    lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)
-    return np.exp(scores - lse[..., None]) @ v, lse
-
-
 def assert_attention(out_bytes_or_path, q, k, v):
     """The .npy (a path or its bytes) holds attention(q, k, v) within float32 rounding."""
     if isinstance(out_bytes_or_path, bytes):
-        import io
         out_bytes_or_path = io.BytesIO(out_bytes_or_path)
     got = np.load(out_bytes_or_path)
-    want, _ = attention(q, k, v)
+    want, _, _ = attention(q, k, v)
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
@@ -267,10 +261,9 @@ def test_several_outputs_all_land(tmp_path, inputs):
                 "--weights", tmp_path / "w.npy")
     assert proc.returncode == 0, proc.stderr
     assert_attention(str(tmp_path / "o.npy"), arrays["q"], arrays["k"], arrays["v"])
-    _, lse = attention(arrays["q"], arrays["k"], arrays["v"])
+    _, weights_want, lse = attention(arrays["q"], arrays["k"], arrays["v"])
     np.testing.assert_allclose(np.load(tmp_path / "l.npy"), lse, atol=1e-5, rtol=0)
-    weights = np.load(tmp_path / "w.npy")
-    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), weights_want, atol=1e-5, rtol=0)
     assert sorted(os.listdir(tmp_path)) == ["k.npy", "l.npy", "o.npy", "q.npy", "v.npy", "w.npy"]
 
 
