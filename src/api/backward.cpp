@@ -10,7 +10,7 @@
 #include "api/validate.h"
 #include "api/varlen.h"
 #include "common/element.h"
-#include "cpu/backward.h"
+#include "cpu/dispatch.h"
 #include "reference/backward.h"
 
 namespace sdpa {

@@ -9,7 +9,7 @@
 #include "api/sequences.h"
 #include "api/validate.h"
 #include "api/varlen.h"
-#include "cpu/forward.h"
+#include "cpu/dispatch.h"
 #include "reference/attention.h"
 
 namespace sdpa {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cpu/forward.h"
+#include "cpu/dispatch.h"
 
 namespace sdpa {
 

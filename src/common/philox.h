@@ -59,6 +59,19 @@ class DropoutMask {
     return keep_word(words(batch, head, i, j)[j & 3]);
   }
 
+  // Calls keep_key(c, kept) for keys j0 + c, c < count, of row (batch, head, i), in
+  // order: one Philox call serves four neighbouring keys. Every kernel draws through it.
+  template <class KeepKey>
+  void for_each_key(std::int64_t batch, std::int64_t head, std::int64_t i, std::int64_t j0, std::int64_t count,
+                    KeepKey&& keep_key) const {
+    PhiloxBlock block{};
+    for (std::int64_t c = 0; c < count; ++c) {
+      const std::int64_t j = j0 + c;
+      if (c == 0 || (j & 3) == 0) block = words(batch, head, i, j);
+      keep_key(c, keep_word(block[j & 3]));
+    }
+  }
+
  private:
   std::uint32_t key0_, key1_, threshold_;
 };

@@ -4,7 +4,7 @@
 // logits, NaN, strided and stride-0 tensors, every dtype, dropout replayed from the
 // forward's Philox counter, key chunks, every SIMD target, and bitwise determinism
 // across thread counts. Tolerances: tests/testing/gradients.h.
-#include "cpu/backward.h"
+#include "cpu/portable/kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -546,7 +546,7 @@ TEST(CpuBackward, PortableTiledKernelInFloat32MatchesOracle) {
   detail::CheckedBackward call = detail::make_backward_problem(
       checked, in,
       BackwardOutputs{tiled.grad_query.view(), tiled.grad_key.view(), tiled.grad_value.view(), std::nullopt});
-  detail::cpu_backward_tiled(call.problem);
+  detail::portable_backward(call.problem);
   const Tensor* a[] = {&simd.grad_query, &simd.grad_key, &simd.grad_value};
   const Tensor* b[] = {&tiled.grad_query, &tiled.grad_key, &tiled.grad_value};
   for (int n = 0; n < 3; ++n)

@@ -1,7 +1,11 @@
-// The SIMD forward (Highway, runtime dispatch over x86 targets) for float32, bfloat16
-// and float16 inputs, computed in float32.
+// The SIMD kernels (Highway, runtime dispatch over x86 targets) for float32, bfloat16
+// and float16 inputs, computed in float32: forward.cpp and backward.cpp, twins built on
+// the same per-target pieces (microkernels, rows, score modifiers, split merge).
 #pragma once
 
+#include <cstdint>
+
+#include "common/backward_problem.h"
 #include "common/problem.h"
 
 namespace sdpa::detail {
@@ -9,6 +13,8 @@ namespace sdpa::detail {
 // The problems of one call (one, or a varlen or paged call's sequences, sharing dtype, E
 // and Ev), in one parallel region.
 void simd_forward_float32(const Problem* problems, std::int64_t count);
+
+void simd_backward_float32(const BackwardProblem& problem);
 
 // The Highway target the dispatcher picked on this machine ("AVX3", "AVX2", ...).
 const char* simd_target_name();

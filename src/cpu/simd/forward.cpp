@@ -17,6 +17,8 @@
 // GQA: one task takes the query rows of all the heads that share a KV head (group × L
 // rows, flattened), so a K/V tile loaded once serves the whole group — what decoding
 // with few queries per head needs.
+#include "cpu/simd/kernels.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -25,29 +27,31 @@
 #include <limits>
 #include <vector>
 
-#include "common/philox.h"
 #include "common/problem.h"
-#include "cpu/attention_simd.h"
-#include "cpu/bf16_kernels.h"
+#include "cpu/simd/bf16_kernels.h"
+#include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "cpu/attention_simd.cpp"
+#define HWY_TARGET_INCLUDE "cpu/simd/forward.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
-#include "cpu/exp2-inl.h"
-#include "cpu/tiles-inl.h"
+#include "cpu/simd/exp2-inl.h"
+#include "cpu/simd/lse_merge-inl.h"
+#include "cpu/simd/microkernels-inl.h"
+#include "cpu/simd/rows-inl.h"
+#include "cpu/simd/score_modifiers-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace {
 
-using namespace tiles;  // NOLINT(google-build-using-namespace): the shared tile kernels
+using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the backward
 
 constexpr double kLn2 = 0.6931471805599453;
-// bfloat16 inputs use the vdpbf16ps microkernels (cpu/bf16_kernels.h), written for 32-row
+// bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h), written for 32-row
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
@@ -63,7 +67,7 @@ struct Subtile : RowSet {
 struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
-  hwy::AlignedFreeUniquePtr<float[]> st, k_tile, v_tile, row_buffer, alibi_lanes;
+  hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -78,6 +82,7 @@ struct Scratch {
       t.rows.reserve(rows);
     }
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
+    zt = hwy::AllocateAligned<float>(p.dropout_p > 0.0 ? kKeyTile * rows : 1);
     k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
@@ -110,10 +115,8 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
   return tile;
 }
 
-// Floats in one subtile's saved state: m and l per row, then Oᵀ.
-std::int64_t StateSize(const Problem& p) {
-  return (2 + std::max<std::int64_t>(p.Ev, 1)) * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
-}
+// Floats in one subtile's split state (simd/lse_merge-inl.h).
+std::int64_t StateSize(const Problem& p) { return SplitStateFloats(2 * hn::Lanes(DF()), p.Ev); }
 
 // K (or V) of one key tile as the microkernels read it: float32 rows, or bfloat16 rows.
 struct KeyRows {
@@ -165,37 +168,17 @@ class Task {
     }
   }
 
-  // Merges split states in order: m = max m_s, l = Σ 2^(m_s − m)·l_s,
-  // Oᵀ = Σ 2^(m_s − m)·Oᵀ_s (the log-sum-exp merge of ring attention and split-KV
-  // decoding), then stores the outputs. `states` holds, per split, kSubtiles states
-  // of StateSize() floats.
+  // Merges the split states of the current rows by their log-sum-exp (MergeSplitStates),
+  // then stores the outputs. `states` holds, per split, kSubtiles states of StateSize()
+  // floats.
   void MergeAndStore(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
                      const float* states, std::int64_t splits) {
     SetRows(b, head_kv, row0, row_count);
-    const DF df;
-    const std::int64_t state_size = StateSize(p_), split_size = kSubtiles * state_size;
+    const std::int64_t state_size = StateSize(p_);
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
-      for (std::size_t v = 0; v < 2; ++v) {
-        const std::size_t lane0 = v * n_;
-        VF m = hn::Set(df, kMinusInf);
-        for (std::int64_t sp = 0; sp < splits; ++sp)
-          m = hn::Max(m, hn::Load(df, states + sp * split_size + g * state_size + lane0));
-        const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
-        VF l = hn::Zero(df);
-        for (std::int64_t d = 0; d < p_.Ev; ++d) hn::Store(hn::Zero(df), df, t.ot.get() + d * s_.rows + lane0);
-        for (std::int64_t sp = 0; sp < splits; ++sp) {
-          const float* state = states + sp * split_size + g * state_size;
-          const VF weight = Exp2(df, hn::Sub(hn::Load(df, state + lane0), m_use));
-          l = hn::MulAdd(hn::Load(df, state + s_.rows + lane0), weight, l);
-          for (std::int64_t d = 0; d < p_.Ev; ++d) {
-            float* ot = t.ot.get() + d * s_.rows + lane0;
-            hn::Store(hn::MulAdd(hn::Load(df, state + (2 + d) * s_.rows + lane0), weight, hn::Load(df, ot)), df, ot);
-          }
-        }
-        hn::Store(m, df, t.m.get() + lane0);
-        hn::Store(l, df, t.l.get() + lane0);
-      }
+      MergeSplitStates(states + g * state_size, splits, kSubtiles * state_size, s_.rows, p_.Ev, t.m.get(), t.l.get(),
+                       t.ot.get());
       if (p_.weights.present()) PackQuery(t);
       Finish(t);
     }
@@ -203,12 +186,8 @@ class Task {
 
   // Writes the states of the current rows: kSubtiles × StateSize() floats.
   void SaveState(float* state) const {
-    for (std::int64_t g = 0; g < subtiles_; ++g, state += StateSize(p_)) {
-      const Subtile& t = s_.sub[g];
-      std::copy_n(t.m.get(), s_.rows, state);
-      std::copy_n(t.l.get(), s_.rows, state + s_.rows);
-      std::copy_n(t.ot.get(), std::max<std::int64_t>(p_.Ev, 1) * s_.rows, state + 2 * s_.rows);
-    }
+    for (std::int64_t g = 0; g < subtiles_; ++g, state += StateSize(p_))
+      SaveSplitState(s_.sub[g].m.get(), s_.sub[g].l.get(), s_.sub[g].ot.get(), s_.rows, p_.Ev, state);
   }
 
  private:
@@ -274,31 +253,9 @@ class Task {
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
 
     bool any_visible = true;
-    if (p_.mask.present()) any_visible = ApplyMask(t, j0, cols);
+    if (p_.mask.present()) any_visible = ApplyMask(p_, t, st, s_.rows, j0, cols, s_.row_buffer.get());
     if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols, 2, s_.alibi_lanes.get());
     ApplyBand(t, st, s_.rows, j0, cols);
-    return any_visible;
-  }
-
-  bool ApplyMask(const Subtile& t, std::int64_t j0, std::int64_t cols) {
-    float* st = s_.st.get();
-    float* row_buffer = s_.row_buffer.get();
-    const float log2e = static_cast<float>(kLog2e);
-    bool any_visible = false;
-    for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      const Row& row = t.rows[r];
-      LoadRow(p_.mask, row.matrix, row.i, j0, cols, row_buffer);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float& score = st[c * s_.rows + r];
-        const float m = row_buffer[c];
-        if (p_.mask_is_bool) {
-          if (m == 0.0f) score = kMinusInf;
-        } else {
-          score += m * log2e;
-        }
-        any_visible |= score != kMinusInf;
-      }
-    }
     return any_visible;
   }
 
@@ -329,21 +286,19 @@ class Task {
     if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
   }
 
-  // Pᵀ[c][r] ← Pᵀ[c][r] · keep/(1−p): the shared Philox decision of common/philox.h.
+  // Pᵀ ← Pᵀ ∘ Z over keys [j0, j0+cols): a kept probability times 1/(1−p), a dropped one
+  // 0 (even when it is NaN).
   void ApplyDropout(const Subtile& t, std::int64_t j0, std::int64_t cols) {
-    const DropoutMask dropout(p_.dropout_p, p_.seed, p_.offset);
-    const float keep_scale = static_cast<float>(1.0 / (1.0 - p_.dropout_p));
+    const DF df;
     float* st = s_.st.get();
-    for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      const Row& row = t.rows[r];
-      PhiloxBlock words{};
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(p_.first_batch + b_, row.head, row.i, j);
-        float& prob = st[c * s_.rows + r];
-        prob = dropout.keep_word(words[j & 3]) ? prob * keep_scale : 0.0f;
+    const float* zt = s_.zt.get();
+    DropoutFactors(p_, p_.first_batch + b_, t, j0, cols, cols, s_.zt.get(), s_.rows);
+    for (std::int64_t c = 0; c < cols; ++c)
+      for (std::size_t lane0 = 0; lane0 < s_.rows; lane0 += n_) {
+        const VF z = hn::Load(df, zt + c * s_.rows + lane0);
+        float* at = st + c * s_.rows + lane0;
+        hn::Store(hn::IfThenZeroElse(hn::Eq(z, hn::Zero(df)), hn::Mul(hn::Load(df, at), z)), df, at);
       }
-    }
   }
 
   // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols) of the key tile [j0, j0+tile_cols), whose V
@@ -372,7 +327,7 @@ class Task {
       bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }
-    tiles::Accumulate(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
+    simd::Accumulate(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
   }
 
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
@@ -442,109 +397,50 @@ class Task {
 
 }  // namespace
 
-// Decoding (few query rows per KV head, few tasks, long S) would leave threads idle:
-// such calls split the keys into ranges of whole tiles, attend each range separately and
-// merge by log-sum-exp. The split depends on the shape only — never on the thread
-// count — so results stay bitwise reproducible.
-std::int64_t KeySplits(const Problem& p, std::int64_t tasks) {
-  constexpr std::int64_t kMinKeysPerSplit = 2048, kTargetTasks = 32;
-  if (tasks >= kTargetTasks || p.S < 2 * kMinKeysPerSplit) return 1;
-  return std::min((kTargetTasks + tasks - 1) / tasks, p.S / kMinKeysPerSplit);
-}
-
-// One problem's share of a call's tasks: tiles of rows per KV head, key splits, and where
-// its tasks and split states start in the call's numbering.
-struct Plan {
-  const Problem* p;
-  std::int64_t group_rows, tiles, tasks, splits, split_keys;
-  std::int64_t first_unit;   // its first (task, split) in the call's numbering
-  std::int64_t first_merge;  // its first task in the merge pass (splits > 1 only)
-  std::int64_t first_state;  // its first float in the call's split states
-};
-
-// The problems of one call (one, or a varlen or paged call's sequences: the same dtype,
-// E and Ev) in one parallel region, so that many short sequences keep the threads busy
-// without a thread team's start per sequence. Each problem's key splits are its own, as
-// if it ran alone: results are bitwise those of running it alone, for any thread count.
+// The problems of one call in one parallel region (work_split.h: schedule_forward).
 void ForwardFloat32(const Problem* problems, std::int64_t count) {
   if (count == 0) return;
   const Problem& first = problems[0];
   const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
   const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 && bf16::supported();
   const std::int64_t state_size = kSubtiles * StateSize(first);  // one task's rows, one split
-  std::vector<Plan> plans;
-  std::int64_t units = 0, merges = 0, state_floats = 0;
-  double work = 0;
-  for (std::int64_t n = 0; n < count; ++n) {
-    const Problem& p = problems[n];
-    if (p.batch * p.heads_q * p.L == 0) continue;  // no rows
-    Plan plan{&p, (p.heads_q / p.heads_kv) * p.L, 0, 0, 1, 0, units, merges, state_floats};
-    plan.tiles = (plan.group_rows + rows_per_task - 1) / rows_per_task;
-    plan.tasks = p.batch * p.heads_kv * plan.tiles;
-    plan.splits = KeySplits(p, plan.tasks);
-    // Keys per split, whole tiles: the last split takes the rest.
-    plan.split_keys = (p.S / plan.splits + kKeyTile - 1) / kKeyTile * kKeyTile;
-    units += plan.tasks * plan.splits;
-    if (plan.splits > 1) {
-      merges += plan.tasks;
-      state_floats += plan.tasks * plan.splits * state_size;
-    }
-    work += p.work();
-    plans.push_back(plan);
-  }
-  if (plans.empty()) return;
-  const int threads = Problem::threads_for(work, first.num_threads, omp_get_max_threads());
+  const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kKeyTile, state_size);
+  if (schedule.plans.empty()) return;
+  const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
   const hwy::AlignedFreeUniquePtr<float[]> states =
-      hwy::AllocateAligned<float>(std::max<std::int64_t>(state_floats, 1));
-  // The plan of unit u (or merge task u): the last whose first is <= u.
-  auto plan_of = [&](std::int64_t u, std::int64_t Plan::*first_of) -> const Plan& {
-    const auto it = std::upper_bound(plans.begin(), plans.end(), u,
-                                     [first_of](std::int64_t x, const Plan& plan) { return x < plan.*first_of; });
-    return *(it - 1);
-  };
-  // Task t of a plan: its batch, KV head and first row. Causal: the last (costliest) tiles
-  // go first, so that dynamic scheduling ends balanced.
-  auto locate = [rows_per_task](const Plan& plan, std::int64_t t, std::int64_t* b, std::int64_t* head_kv,
-                                std::int64_t* row0) {
-    *head_kv = (t / plan.tiles) % plan.p->heads_kv;
-    *b = t / (plan.tiles * plan.p->heads_kv);
-    *row0 = (plan.tiles - 1 - t % plan.tiles) * rows_per_task;
-  };
+      hwy::AllocateAligned<float>(std::max<std::int64_t>(schedule.state_floats, 1));
 
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count.
-#pragma omp parallel num_threads(threads) if (units > 1)
+#pragma omp parallel num_threads(threads) if (schedule.units > 1)
   {
     Scratch scratch(first, bf16_path);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t u = 0; u < units; ++u) {
-      const Plan& plan = plan_of(u, &Plan::first_unit);
+    for (std::int64_t u = 0; u < schedule.units; ++u) {
+      const ForwardPlan& plan = schedule.plan_of_unit(u);
       Task task(*plan.p, scratch, bf16_path);
       const std::int64_t t = (u - plan.first_unit) / plan.splits, split = (u - plan.first_unit) % plan.splits;
       std::int64_t b, head_kv, row0;
-      locate(plan, t, &b, &head_kv, &row0);
+      plan.locate(t, rows_per_task, &b, &head_kv, &row0);
       const std::int64_t rows = std::min(rows_per_task, plan.group_rows - row0);
       if (plan.splits == 1) {
         task.Run(b, head_kv, row0, rows);
         continue;
       }
-      const std::int64_t key_begin = split * plan.split_keys;
-      const std::int64_t key_end =
-          split == plan.splits - 1 ? plan.p->S : std::min(plan.p->S, key_begin + plan.split_keys);
+      std::int64_t key_begin, key_end;
+      plan.split_range(split, &key_begin, &key_end);
       task.Attend(b, head_kv, row0, rows, key_begin, key_end);
       task.SaveState(states.get() + plan.first_state + (t * plan.splits + split) * state_size);
     }
-    if (merges > 0) {
+    if (schedule.merges > 0) {
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t m = 0; m < merges; ++m) {
-        // Merge tasks number only the problems that split (one that does not adds none,
-        // so the last plan starting at or before m is one that splits).
-        const Plan& plan = plan_of(m, &Plan::first_merge);
+      for (std::int64_t m = 0; m < schedule.merges; ++m) {
+        const ForwardPlan& plan = schedule.plan_of_merge(m);
         Task task(*plan.p, scratch, bf16_path);
         const std::int64_t t = m - plan.first_merge;
         std::int64_t b, head_kv, row0;
-        locate(plan, t, &b, &head_kv, &row0);
+        plan.locate(t, rows_per_task, &b, &head_kv, &row0);
         task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, plan.group_rows - row0),
                            states.get() + plan.first_state + t * plan.splits * state_size, plan.splits);
       }

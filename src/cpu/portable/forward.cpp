@@ -7,20 +7,21 @@
 // and at the end  O = acc / l,  lse = m + log l.
 // No L×S buffer: the extra memory is a few tiles per thread. When the weights are
 // asked for, a second pass recomputes the scores with the final (m, l).
-#include "cpu/forward.h"
+#include "cpu/portable/kernels.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <omp.h>
-#include <string>
 #include <vector>
 
 #include "common/philox.h"
-#include "cpu/attention_simd.h"
-#include "cpu/tile_ops.h"
+#include "cpu/portable/score_modifiers.h"
+#include "cpu/portable/tiles.h"
 
 namespace sdpa::detail {
-
+namespace portable {
 namespace {
 
 constexpr std::int64_t kQueryTile = 32;  // rows of Q per task
@@ -41,51 +42,28 @@ struct Scratch {
         acc(kQueryTile * p.Ev), row_max(kQueryTile), row_sum(kQueryTile) {}
 };
 
-template <class T>
-void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::int64_t rows,
-               std::int64_t cols, T* dst) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
-}
-
 // Scores of query rows [i0, i0+rows) against keys [j0, j0+cols): scaled, softcapped,
 // ALiBi-biased, masked; −inf where causal, the window or a bool mask excludes the key.
 template <class T>
 void masked_scores(const Problem& p, Scratch<T>& s, std::int64_t qm, std::int64_t i0, std::int64_t rows,
                    std::int64_t j0, std::int64_t cols) {
-  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   score_tile<T>(s.q.data(), s.k.data(), rows, cols, p.E, static_cast<T>(p.scale), s.scores.data(), kKeyTile);
-  const T cap = static_cast<T>(p.softcap);
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = s.scores.data() + r * kKeyTile;
     const std::int64_t begin = p.key_begin(i0 + r) - j0, end = p.key_end(i0 + r) - j0;  // visible: [begin, end)
-    for (std::int64_t c = 0; c < cols; ++c) {
-      if (p.softcap > 0.0) row[c] = cap * std::tanh(row[c] / cap);
-      if (p.has_alibi()) row[c] += static_cast<T>(p.alibi_bias(qm, i0 + r, j0 + c));
-      if (p.mask.present()) {
-        const T m = p.mask.load<T>(qm, i0 + r, j0 + c);
-        if (p.mask_is_bool) {
-          if (m == T{0}) row[c] = kMinusInf;
-        } else {
-          row[c] += m;
-        }
-      }
-      if (c < begin || c >= end) row[c] = kMinusInf;
-    }
+    for (std::int64_t c = 0; c < cols; ++c)
+      row[c] = modified_score<T>(p, qm, i0 + r, j0 + c, row[c], c >= begin && c < end);
   }
 }
 
-// Multiplies the probabilities of row `r` by the dropout decision: kept → ·1/(1−p),
-// dropped → 0. One Philox call serves four neighbouring keys.
+// Multiplies the probabilities of row i by the dropout decision: kept → ·1/(1−p),
+// dropped → 0.
 template <class T>
 void apply_dropout(const DropoutMask& dropout, T keep_scale, std::int64_t b, std::int64_t h, std::int64_t i,
                    std::int64_t j0, std::int64_t cols, T* probabilities) {
-  PhiloxBlock words{};
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const std::int64_t j = j0 + c;
-    if (c == 0 || (j & 3) == 0) words = dropout.words(b, h, i, j);
-    probabilities[c] = dropout.keep_word(words[j & 3]) ? probabilities[c] * keep_scale : T{0};
-  }
+  dropout.for_each_key(b, h, i, j0, cols, [&](std::int64_t c, bool kept) {
+    probabilities[c] = kept ? probabilities[c] * keep_scale : T{0};
+  });
 }
 
 template <class T>
@@ -194,19 +172,17 @@ void run(const Problem& p) {
 }
 
 }  // namespace
+}  // namespace portable
 
-void cpu_forward(const Problem* problems, std::int64_t count) {
-  if (count > 0 && problems[0].float64) {
-    for (std::int64_t n = 0; n < count; ++n)
-      if (problems[n].batch * problems[n].heads_q * problems[n].L > 0)
-        run<double>(problems[n]);  // float64 accumulates in float64: the portable tiled path
-  } else {
-    simd_forward_float32(problems, count);
+void portable_forward(const Problem* problems, std::int64_t count) {
+  for (std::int64_t n = 0; n < count; ++n) {
+    const Problem& p = problems[n];
+    if (p.batch * p.heads_q * p.L == 0) continue;  // no rows
+    if (p.float64)
+      portable::run<double>(p);
+    else
+      portable::run<float>(p);
   }
-}
-
-std::string cpu_kernel_name() {
-  return std::string("simd-") + simd_target_name() + " (float32/bfloat16/float16), tiled-portable (float64)";
 }
 
 }  // namespace sdpa::detail

@@ -1,6 +1,6 @@
 // The fast CPU backward for float32, bfloat16 and float16 inputs (float32 arithmetic):
 // Google Highway, compiled once per x86 target and picked at run time, as the forward
-// (attention_simd.cpp), and with the forward's layout: tiles held *transposed*, query
+// (simd/forward.cpp), and with the forward's layout: tiles held *transposed*, query
 // rows along the vector lanes, scores in log2 units (Q pre-multiplied by scale·log2 e).
 //
 // Per key tile of K, V (read in place) and subtile of query rows, with P recomputed
@@ -22,64 +22,38 @@
 // over query blocks computes dQ, recomputing S and dP: seven products, but no partial dQ
 // per chunk to hold (DESIGN.md §5: extra memory O(threads × tile)). Each gradient
 // element is summed by one task in the same order however the keys are chunked (see
-// KeyChunks): bitwise the same results for any thread count.
+// schedule_backward in work_split.h): bitwise the same results for any thread count.
+#include "cpu/simd/kernels.h"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "common/backward_problem.h"
-#include "common/philox.h"
-#include "cpu/backward.h"
+#include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "cpu/backward_simd.cpp"
+#define HWY_TARGET_INCLUDE "cpu/simd/backward.cpp"
 #include "hwy/aligned_allocator.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
-#include "cpu/exp2-inl.h"
-#include "cpu/tiles-inl.h"
+#include "cpu/simd/exp2-inl.h"
+#include "cpu/simd/microkernels-inl.h"
+#include "cpu/simd/rows-inl.h"
+#include "cpu/simd/score_modifiers-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace {
 
-using namespace tiles;  // NOLINT(google-build-using-namespace): the kernels and constants shared with the forward
+using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the forward
 
-// Register blocks beyond the shared ones (tiles-inl.h): dK, dV accumulate kRankKeys
-// keys × up to 4 vectors of dims. kKeyTile is a multiple of it.
-constexpr std::size_t kRankKeys = HWY_MAX_BYTES >= 64 ? 6 : 3;
-static_assert(kKeyTile % kRankKeys == 0);
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// acc[c·acc_stride + v·N + ·] += Σ_{r0 <= r < r1} wt[c·wt_stride + r] · x[r·x_stride + v·N + ·]
-// for kRankKeys keys c and `Vectors` vectors v of dims: dV += Wᵀ-broadcast ⊗ dO rows,
-// dK += dSᵀ-broadcast ⊗ Q rows. The accumulators stay in registers over the rows.
-template <std::size_t Vectors>
-HWY_INLINE void RankUpdate(const float* HWY_RESTRICT wt, std::size_t wt_stride, std::int64_t r0, std::int64_t r1,
-                           const float* HWY_RESTRICT x, std::size_t x_stride, float* HWY_RESTRICT acc,
-                           std::size_t acc_stride) {
-  const DF df;
-  const std::size_t N = hn::Lanes(df);
-  VF a[kRankKeys][Vectors];
-  for (std::size_t c = 0; c < kRankKeys; ++c)
-    for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::Load(df, acc + c * acc_stride + v * N);
-  for (std::int64_t r = r0; r < r1; ++r) {
-    VF xv[Vectors];
-    for (std::size_t v = 0; v < Vectors; ++v) xv[v] = hn::Load(df, x + r * x_stride + v * N);
-    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kRankKeys; ++c) {
-      const VF w = hn::Set(df, wt[c * wt_stride + r]);
-      for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::MulAdd(w, xv[v], a[c][v]);
-    }
-  }
-  for (std::size_t c = 0; c < kRankKeys; ++c)
-    for (std::size_t v = 0; v < Vectors; ++v) hn::Store(a[c][v], df, acc + c * acc_stride + v * N);
-}
 
 // Two vectors of query rows, packed for the transposed kernels.
 struct Subtile : RowSet {
@@ -260,7 +234,7 @@ class Task {
       if (first_active < 0) first_active = g;
       last_active = g;
       // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
-      if (query_gradient_) tiles::Accumulate(s_.dpt.get() + g * R, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
+      if (query_gradient_) simd::Accumulate(s_.dpt.get() + g * R, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
     }
     if (first_active < 0 || !key_gradients_) return;
     // dV += Wᵀ ⊗ dO rows, dK += dSᵀ ⊗ Q rows, over the rows of the active subtiles.
@@ -306,14 +280,14 @@ class Task {
     const bool softcap = p_.softcap > 0.0;
     if (softcap) Softcap(p_, st, BR, padded, 2, s_.tanh_t.get(), R);
     for (std::int64_t c = visible; c < padded; ++c) std::fill(st + c * BR, st + c * BR + R, kMinusInf);
-    if (p_.mask.present() && !ApplyMask(t, st, j0, visible)) return false;
+    if (p_.mask.present() && !ApplyMask(p_, t, st, BR, j0, visible, s_.row_buffer.get())) return false;
     if (p_.has_alibi()) AddAlibi(p_, t, st, BR, j0, visible, 2, s_.alibi_lanes.get());
     ApplyBand(t, st, BR, j0, visible);
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
       ScoreBlock(t.dot.get(), R, p_.Ev, v + c * v_stride, v_stride, dpt + c * BR, BR);
 
     const bool dropping = p_.dropout_p > 0.0;
-    if (dropping) DropoutFactors(t, j0, visible, padded);
+    if (dropping) DropoutFactors(p_, p_.first_batch + b_, t, j0, visible, padded, s_.zt.get(), R);
     for (std::size_t half = 0; half < 2; ++half) {
       const std::size_t lane0 = half * n_;
       const VF lse2 = hn::Load(df, t.lse2.get() + lane0), D = hn::Load(df, t.D.get() + lane0);
@@ -349,46 +323,6 @@ class Task {
     return true;
   }
 
-  // Sᵀ += mask·log2 e (float) or −inf where a bool mask is false. False if all are −inf.
-  bool ApplyMask(const Subtile& t, float* st, std::int64_t j0, std::int64_t cols) {
-    const std::size_t BR = s_.block_rows;
-    float* buffer = s_.row_buffer.get();
-    const float log2e = static_cast<float>(kLog2e);
-    bool any_visible = false;
-    for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      LoadRow(p_.mask, t.rows[r].matrix, t.rows[r].i, j0, cols, buffer);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float& score = st[c * BR + r];
-        if (p_.mask_is_bool) {
-          if (buffer[c] == 0.0f) score = kMinusInf;
-        } else {
-          score += buffer[c] * log2e;
-        }
-        any_visible |= score != kMinusInf;
-      }
-    }
-    return any_visible;
-  }
-
-  // zt[c][r] = keep/(1−p) from the forward's Philox counter (common/philox.h); 0 for
-  // keys past `visible` and for padding rows.
-  void DropoutFactors(const Subtile& t, std::int64_t j0, std::int64_t visible, std::int64_t padded) {
-    const DropoutMask dropout(p_.dropout_p, p_.seed, p_.offset);
-    const float keep_scale = static_cast<float>(1.0 / (1.0 - p_.dropout_p));
-    const std::size_t R = s_.rows;
-    float* zt = s_.zt.get();
-    std::fill(zt, zt + padded * R, 0.0f);
-    for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      const Row& row = t.rows[r];
-      PhiloxBlock words{};
-      for (std::int64_t c = 0; c < visible; ++c) {
-        const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(p_.first_batch + b_, row.head, row.i, j);
-        zt[c * R + r] = dropout.keep_word(words[j & 3]) ? keep_scale : 0.0f;
-      }
-    }
-  }
-
   // dQ of the block's rows: scale · dQᵀᵀ into grad_query.
   void StoreQueryGradient() {
     const float scale = static_cast<float>(p_.scale);
@@ -420,52 +354,31 @@ class Task {
 
 }  // namespace
 
-// Key chunks per (batch, KV head): more than one only when there are too few such heads
-// to give each of the `threads` two tasks and the keys are long (chunks cost the second
-// pass for dQ: seven products instead of five). Chunks hold whole key tiles; the
-// per-thread dK/dV accumulators hold one chunk, so chunks are also capped in length.
-// The count may depend on the thread count because the gradients do not depend on it:
-// chunk boundaries fall on the key-tile grid, each key's dK and dV sum the query rows in
-// the same order, and dQ sums the key tiles in the same order, in one pass or two.
-std::int64_t KeyChunks(const BackwardProblem& p, int threads) {
-  constexpr std::int64_t kMinChunkKeys = 2048, kMaxChunkKeys = 16384;
-  const std::int64_t heads = p.batch * p.heads_kv, target_tasks = 2 * static_cast<std::int64_t>(threads);
-  std::int64_t chunks = 1;
-  if (heads < target_tasks && p.S >= 2 * kMinChunkKeys)
-    chunks = std::min((target_tasks + heads - 1) / heads, p.S / kMinChunkKeys);
-  return std::max(chunks, (p.S + kMaxChunkKeys - 1) / kMaxChunkKeys);
-}
-
+// The tasks of work_split.h's schedule_backward in one parallel region.
 void BackwardFloat32(const BackwardProblem& p) {
   const int threads = p.threads(omp_get_max_threads());
-  const std::int64_t heads = p.batch * p.heads_kv;
-  const std::int64_t wanted = KeyChunks(p, threads);
-  const std::int64_t chunk_keys = RoundUp((p.S + wanted - 1) / wanted, kKeyTile);
-  const std::int64_t chunks = (p.S + chunk_keys - 1) / chunk_keys;
-  const std::int64_t tasks = heads * chunks;
-  const std::int64_t group_rows = (p.heads_q / p.heads_kv) * p.L;
   const std::int64_t block_rows = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
-  const std::int64_t blocks = (group_rows + block_rows - 1) / block_rows;
+  const BackwardSchedule work = schedule_backward(p, threads, kKeyTile, block_rows);
 
-#pragma omp parallel num_threads(threads) if (tasks > 1 || chunks > 1)
+#pragma omp parallel num_threads(threads) if (work.tasks() > 1 || work.chunks > 1)
   {
-    Scratch scratch(p, chunk_keys);
+    Scratch scratch(p, work.chunk_keys);
     Task task(p, scratch);
     // Causal: the first key chunks are the costliest (every later query sees them), so
     // they go first for dynamic scheduling to end balanced.
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < tasks; ++t) {
-      const std::int64_t chunk = t / heads, head = t % heads;
-      const std::int64_t key_begin = chunk * chunk_keys, key_end = std::min(p.S, key_begin + chunk_keys);
-      task.Run(head / p.heads_kv, head % p.heads_kv, key_begin, key_end, /*query_gradient=*/chunks == 1);
+    for (std::int64_t t = 0; t < work.tasks(); ++t) {
+      const std::int64_t chunk = t / work.heads, head = t % work.heads;
+      const std::int64_t key_begin = chunk * work.chunk_keys, key_end = std::min(p.S, key_begin + work.chunk_keys);
+      task.Run(head / p.heads_kv, head % p.heads_kv, key_begin, key_end, /*query_gradient=*/work.chunks == 1);
     }
-    if (chunks > 1) {
+    if (work.chunks > 1) {
       // dQ over query blocks. Causal: the last blocks see the most keys; they go first.
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t t = 0; t < heads * blocks; ++t) {
-        const std::int64_t head = t / blocks, block = blocks - 1 - t % blocks;
+      for (std::int64_t t = 0; t < work.heads * work.blocks; ++t) {
+        const std::int64_t head = t / work.blocks, block = work.blocks - 1 - t % work.blocks;
         task.RunQueries(head / p.heads_kv, head % p.heads_kv, block * block_rows,
-                        std::min(block_rows, group_rows - block * block_rows));
+                        std::min(block_rows, work.group_rows - block * block_rows));
       }
     }
   }

@@ -1,16 +1,26 @@
-// The inner products of the portable tiled forward (forward.cpp, the float64 path), on
-// packed tiles: plain loops, accumulating in the input's precision. The float32,
-// bfloat16 and float16 inputs run the SIMD kernels of tiles-inl.h and bf16_kernels.h.
+// The portable kernels' tiles: rows packed into contiguous buffers in the accumulation
+// type, and the two inner products on them — plain loops in the input's precision.
+// (The SIMD kernels' counterparts are simd/microkernels-inl.h.)
 #pragma once
 
 #include <cstdint>
 
-namespace sdpa::detail {
+#include "common/problem.h"
+
+namespace sdpa::detail::portable {
+
+// dst[r·cols + c] = src[matrix][row0 + r][c] for r < rows, c < cols.
+template <class T>
+void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::int64_t rows, std::int64_t cols,
+               T* dst) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
+}
 
 // scores[r·cols_stride + c] = scale · Σ_e q[r·E + e] · k[c·E + e]
 template <class T>
-void score_tile(const T* q, const T* k, std::int64_t rows, std::int64_t cols, std::int64_t E,
-                T scale, T* scores, std::int64_t cols_stride) {
+void score_tile(const T* q, const T* k, std::int64_t rows, std::int64_t cols, std::int64_t E, T scale, T* scores,
+                std::int64_t cols_stride) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* q_row = q + r * E;
     for (std::int64_t c = 0; c < cols; ++c) {
@@ -36,4 +46,4 @@ void accumulate_pv(const T* p, const T* v, std::int64_t rows, std::int64_t cols,
   }
 }
 
-}  // namespace sdpa::detail
+}  // namespace sdpa::detail::portable

@@ -1,4 +1,4 @@
-#include "cpu/bf16_kernels.h"
+#include "cpu/simd/bf16_kernels.h"
 
 #include <immintrin.h>
 

@@ -15,8 +15,8 @@
 //       dQ += scale · dS K                    over every key tile, and dmask = dS.
 // Each output element is summed by one task in one order: bitwise the same for any
 // thread count. The price is that S and dP are computed twice (7 matrix products where
-// FlashAttention's atomics need 5); the SIMD kernel avoids it (backward_simd.cpp).
-#include "cpu/backward.h"
+// FlashAttention's atomics need 5); the SIMD kernel avoids it (simd/backward.cpp).
+#include "cpu/portable/kernels.h"
 
 #include <omp.h>
 
@@ -26,10 +26,11 @@
 #include <vector>
 
 #include "common/philox.h"
-#include "cpu/tile_ops.h"
+#include "cpu/portable/score_modifiers.h"
+#include "cpu/portable/tiles.h"
 
 namespace sdpa::detail {
-
+namespace portable {
 namespace {
 
 constexpr std::int64_t kQueryTile = 32;
@@ -52,13 +53,6 @@ struct Scratch {
         acc_a(std::max(kKeyTile, kQueryTile) * p.E),
         acc_b(kKeyTile * p.Ev) {}
 };
-
-template <class T>
-void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::int64_t rows, std::int64_t cols,
-               T* dst) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
-}
 
 // Q, dO, lse and D = rowsum(dO ∘ O) (− dlse) of query rows [i0, i0+rows) of matrix qm.
 template <class T>
@@ -89,39 +83,23 @@ void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std
   score_tile<T>(s.dout.data(), s.v.data(), rows, cols, p.Ev, T{1}, dscores, kKeyTile);  // dO Vᵀ
   const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
-  const T cap = static_cast<T>(p.softcap);
+  T keep[kKeyTile];  // Z of one row: keep/(1−p) or 0
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = i0 + r;
     const std::int64_t begin = p.key_begin(i) - j0, end = p.key_end(i) - j0;  // visible: [begin, end)
     const T lse = s.lse[r];
-    PhiloxBlock words{};
+    std::fill(keep, keep + cols, T{1});
+    if (p.dropout_p > 0.0)
+      dropout.for_each_key(p.first_batch + b, h, i, j0, cols,
+                           [&](std::int64_t c, bool kept) { keep[c] = kept ? keep_scale : T{0}; });
     for (std::int64_t c = 0; c < cols; ++c) {
-      T score = probs[r * kKeyTile + c];
-      T tanh_capped = 0;
-      if (p.softcap > 0.0) {
-        tanh_capped = std::tanh(score / cap);
-        score = cap * tanh_capped;
-      }
-      if (p.has_alibi()) score += static_cast<T>(p.alibi_bias(qm, i, j0 + c));
-      if (p.mask.present()) {
-        const T m = p.mask.load<T>(qm, i, j0 + c);
-        if (p.mask_is_bool) {
-          if (m == T{0}) score = kMinusInf;
-        } else {
-          score += m;
-        }
-      }
-      if (c < begin || c >= end) score = kMinusInf;
+      T tanh_capped;
+      const T score = modified_score<T>(p, qm, i, j0 + c, probs[r * kKeyTile + c], c >= begin && c < end,
+                                        &tanh_capped);
       // A fully masked row has lse = −inf: P = 0 there, not exp(−inf + inf) = NaN.
       const T prob = lse == kMinusInf ? T{0} : std::exp(score - lse);
-      T keep = 1;
-      if (p.dropout_p > 0.0) {
-        const std::int64_t j = j0 + c;
-        if (c == 0 || (j & 3) == 0) words = dropout.words(p.first_batch + b, h, i, j);
-        keep = dropout.keep_word(words[j & 3]) ? keep_scale : T{0};
-      }
-      const T dprob = dscores[r * kKeyTile + c] * keep;
-      probs[r * kKeyTile + c] = prob * keep;
+      const T dprob = dscores[r * kKeyTile + c] * keep[c];
+      probs[r * kKeyTile + c] = prob * keep[c];
       const T dscore = prob == T{0} ? T{0} : prob * (dprob - s.D[r]);
       if (store_mask_gradient) p.grad_mask.store<T>(qm, i, j0 + c, dscore);
       dscores[r * kKeyTile + c] = dscore * (T{1} - tanh_capped * tanh_capped);
@@ -207,19 +185,13 @@ void run(const BackwardProblem& p) {
 }
 
 }  // namespace
+}  // namespace portable
 
-void cpu_backward_tiled(const BackwardProblem& problem) {
+void portable_backward(const BackwardProblem& problem) {
   if (problem.float64)
-    run<double>(problem);
+    portable::run<double>(problem);
   else
-    run<float>(problem);
-}
-
-void cpu_backward(const BackwardProblem& problem) {
-  if (problem.float64)
-    run<double>(problem);  // float64 accumulates in float64: the portable tiled path
-  else
-    simd_backward_float32(problem);
+    portable::run<float>(problem);
 }
 
 }  // namespace sdpa::detail

@@ -1,0 +1,135 @@
+// The register-blocked microkernels of the SIMD forward and backward (simd/forward.cpp,
+// simd/backward.cpp) and their tile constants. Tiles are held transposed, query rows
+// along the vector lanes (a subtile is 2 vectors of rows), so every product is a
+// broadcast of one K, V or weight element against a row of lanes: no horizontal sums.
+// Included once per Highway target by files that use hwy/foreach_target.h (hence the
+// toggling include guard, Highway's convention for per-target headers).
+#if defined(SDPA_CPU_SIMD_MICROKERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_SIMD_MICROKERNELS_INL_H_
+#undef SDPA_CPU_SIMD_MICROKERNELS_INL_H_
+#else
+#define SDPA_CPU_SIMD_MICROKERNELS_INL_H_
+#endif
+
+#include <cstdint>
+#include <limits>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail {
+namespace HWY_NAMESPACE {
+namespace simd {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Register blocks: (keys × 2 row vectors) accumulators for the score kernel, (dims × 2
+// row vectors) for the accumulate kernel. AVX-512 has 32 vector registers, AVX2 and SSE 16.
+constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
+constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
+constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key blocks
+constexpr std::int64_t kSubtiles = 4;  // subtiles of 2 row vectors that share each K/V tile
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
+
+inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for kKeyBlock keys c and
+// a subtile's 2 row vectors: Sᵀ from K and Qᵀ (broadcast K[c][e] against a Qᵀ row); the
+// backward's dPᵀ from V and dOᵀ.
+HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
+                           std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[kKeyBlock], acc1[kKeyBlock];
+  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
+      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
+      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
+      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
+    }
+  }
+  for (std::size_t c = 0; c < kKeyBlock; ++c) {
+    hn::Store(acc0[c], df, st + c * st_stride);
+    hn::Store(acc1[c], df, st + c * st_stride + N);
+  }
+}
+
+// ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
+// a subtile's 2 row vectors: the forward's Oᵀ += V-broadcast ⊗ Pᵀ; the backward's
+// dQᵀ += K-broadcast ⊗ dSᵀ.
+template <std::size_t Block>
+HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
+                                const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot,
+                                std::size_t rows) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF acc0[Block], acc1[Block];
+  for (std::size_t d = 0; d < Block; ++d) {
+    acc0[d] = hn::Load(df, ot + d * rows);
+    acc1[d] = hn::Load(df, ot + d * rows + N);
+  }
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const VF p0 = hn::Load(df, pt + c * pt_stride), p1 = hn::Load(df, pt + c * pt_stride + N);
+    _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
+      const VF value = hn::Set(df, v[c * v_stride + static_cast<std::int64_t>(d)]);
+      acc0[d] = hn::MulAdd(p0, value, acc0[d]);
+      acc1[d] = hn::MulAdd(p1, value, acc1[d]);
+    }
+  }
+  for (std::size_t d = 0; d < Block; ++d) {
+    hn::Store(acc0[d], df, ot + d * rows);
+    hn::Store(acc1[d], df, ot + d * rows + N);
+  }
+}
+
+// ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for all `dims` dims:
+// whole register blocks, then single dims.
+inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
+                       std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows) {
+  std::int64_t d = 0;
+  for (; d + static_cast<std::int64_t>(kValueBlock) <= dims; d += kValueBlock)
+    AccumulateBlock<kValueBlock>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+  for (; d < dims; ++d) AccumulateBlock<1>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+}
+
+// The backward's rank updates: dK, dV accumulate kRankKeys keys × up to 4 vectors of
+// dims. kKeyTile is a multiple of it.
+constexpr std::size_t kRankKeys = HWY_MAX_BYTES >= 64 ? 6 : 3;
+static_assert(kKeyTile % kRankKeys == 0);
+
+// acc[c·acc_stride + v·N + ·] += Σ_{r0 <= r < r1} wt[c·wt_stride + r] · x[r·x_stride + v·N + ·]
+// for kRankKeys keys c and `Vectors` vectors v of dims: dV += Wᵀ-broadcast ⊗ dO rows,
+// dK += dSᵀ-broadcast ⊗ Q rows. The accumulators stay in registers over the rows.
+template <std::size_t Vectors>
+HWY_INLINE void RankUpdate(const float* HWY_RESTRICT wt, std::size_t wt_stride, std::int64_t r0, std::int64_t r1,
+                           const float* HWY_RESTRICT x, std::size_t x_stride, float* HWY_RESTRICT acc,
+                           std::size_t acc_stride) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  VF a[kRankKeys][Vectors];
+  for (std::size_t c = 0; c < kRankKeys; ++c)
+    for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::Load(df, acc + c * acc_stride + v * N);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    VF xv[Vectors];
+    for (std::size_t v = 0; v < Vectors; ++v) xv[v] = hn::Load(df, x + r * x_stride + v * N);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kRankKeys; ++c) {
+      const VF w = hn::Set(df, wt[c * wt_stride + r]);
+      for (std::size_t v = 0; v < Vectors; ++v) a[c][v] = hn::MulAdd(w, xv[v], a[c][v]);
+    }
+  }
+  for (std::size_t c = 0; c < kRankKeys; ++c)
+    for (std::size_t v = 0; v < Vectors; ++v) hn::Store(a[c][v], df, acc + c * acc_stride + v * N);
+}
+
+}  // namespace simd
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_SIMD_MICROKERNELS_INL_H_

@@ -1,0 +1,182 @@
+// Rows in and out of the SIMD kernels: loads and stores that convert any dtype and
+// stride to and from float32 rows, K and V tiles read in place when they can be, and the
+// query rows a subtile holds with the keys each sees.
+// Included once per Highway target by files that use hwy/foreach_target.h (hence the
+// toggling include guard, Highway's convention for per-target headers).
+#if defined(SDPA_CPU_SIMD_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_SIMD_ROWS_INL_H_
+#undef SDPA_CPU_SIMD_ROWS_INL_H_
+#else
+#define SDPA_CPU_SIMD_ROWS_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/half.h"
+#include "common/problem.h"
+#include "hwy/highway.h"
+// Per-target headers go after highway.h.
+#include "cpu/simd/microkernels-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail {
+namespace HWY_NAMESPACE {
+namespace simd {
+
+// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
+// The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
+// a vector at a time (F16C / shifts).
+inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
+                    float* out) {
+  if (count <= 0) return;  // an empty row may have no memory behind it
+  const std::byte* base = op.address(matrix, row, col0);
+  const std::int64_t step = op.col_stride;
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto each = [&](auto convert, std::int64_t size) {
+    for (std::int64_t c = 0; c < count; ++c) out[c] = convert(base + c * step * size);
+  };
+  switch (op.dtype) {
+    case DType::float32:
+      if (step == 1) {  // a contiguous row (paged K/V rows are copied this way)
+        std::memcpy(out, base, static_cast<std::size_t>(count) * 4);
+        return;
+      }
+      each([](const std::byte* p) { float v; std::memcpy(&v, p, 4); return v; }, 4);
+      return;
+    case DType::float64:
+      each([](const std::byte* p) { double v; std::memcpy(&v, p, 8); return static_cast<float>(v); }, 8);
+      return;
+    case DType::boolean:
+      each([](const std::byte* p) { return *p != std::byte{0} ? 1.0f : 0.0f; }, 1);
+      return;
+    case DType::float16:
+    case DType::bfloat16: {
+      const bool half = op.dtype == DType::float16;
+      std::int64_t c = 0;
+      if (step == 1) {
+        const hn::Rebind<hwy::float16_t, DF> dh;
+        const hn::Rebind<hwy::bfloat16_t, DF> db;
+        for (; c + N <= count; c += N) {
+          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
+                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
+          hn::StoreU(v, df, out + c);
+        }
+      }
+      for (const std::byte* at = base + c * step * 2; c < count; ++c, at += step * 2) {
+        std::uint16_t bits;
+        std::memcpy(&bits, at, 2);
+        out[c] = half ? fp16_to_float(bits) : bf16_to_float(bits);
+      }
+      return;
+    }
+  }
+}
+
+// Stores `count` float32 values into row `row` of `op` from column `col0`, rounded to
+// its dtype (nearest even), with the dtype switch hoisted out of the loop.
+inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
+                     const float* in) {
+  if (count <= 0) return;
+  std::byte* base = op.address(matrix, row, col0);
+  const std::int64_t step = op.col_stride * static_cast<std::int64_t>(op.element_size);
+  auto each = [&](auto store) {
+    for (std::int64_t c = 0; c < count; ++c) store(base + c * step, in[c]);
+  };
+  switch (op.dtype) {
+    case DType::float32:
+      each([](std::byte* p, float v) { std::memcpy(p, &v, 4); });
+      return;
+    case DType::float64:
+      each([](std::byte* p, float v) { const double d = v; std::memcpy(p, &d, 8); });
+      return;
+    case DType::float16:
+      each([](std::byte* p, float v) { const std::uint16_t h = float_to_fp16(v); std::memcpy(p, &h, 2); });
+      return;
+    case DType::bfloat16:
+      each([](std::byte* p, float v) { const std::uint16_t h = float_to_bf16(v); std::memcpy(p, &h, 2); });
+      return;
+    case DType::boolean:
+      return;  // never an output dtype (validated)
+  }
+}
+
+// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
+// when it already is (no copy; the kernels read it through float pointers, so it must be
+// float-aligned), else converted into `tile`, zero-padded to `padded` rows so that whole
+// register blocks can run over it.
+inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                                 std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
+  if (op.dtype == DType::float32 && op.col_stride == 1 && !op.paged() && cols == padded && aligned(op.data) &&
+      aligned(op.address(matrix, j0, 0))) {
+    *stride = op.row_stride;
+    return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
+  }
+  for (std::int64_t c = 0; c < cols; ++c) LoadRow(op, matrix, j0 + c, 0, width, tile + c * width);
+  std::fill(tile + cols * width, tile + padded * width, 0.0f);
+  *stride = width;
+  return tile;
+}
+
+// A query row of a task: which (matrix, head, i) it is and which keys it sees:
+// [key_begin, key_end) (causal and the sliding window).
+struct Row {
+  std::int64_t matrix, head, i, key_begin, key_end;
+};
+
+// The query rows of one subtile (the rest of its lanes are padding).
+struct RowSet {
+  std::vector<Row> rows;
+  std::int64_t key_start = 0;      // no row sees a key before it
+  std::int64_t key_limit = 0;      // no row sees a key at or past it
+  std::int64_t max_key_begin = 0;  // every row sees the keys in [max_key_begin, min_key_end)
+  std::int64_t min_key_end = 0;
+};
+
+// Fills `set` with rows [first, first + count) of the flattened (group heads × L) query
+// rows that share KV head `head_kv` of batch `b` (GQA: a KV head serves Hq/Hkv query
+// heads). Works for the forward's and the backward's problem alike.
+template <class AnyProblem>
+void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::int64_t first, std::int64_t count,
+                RowSet& set) {
+  const std::int64_t group = p.heads_q / p.heads_kv;
+  set.rows.clear();
+  set.key_start = p.S;
+  set.key_limit = 0;
+  set.max_key_begin = 0;
+  set.min_key_end = p.S;
+  for (std::int64_t flat = first; flat < first + count; ++flat) {
+    const std::int64_t head = head_kv * group + flat / p.L, i = flat % p.L;
+    const Row row{p.q_matrix(b, head), head, i, p.key_begin(i), p.key_end(i)};
+    if (row.key_begin >= row.key_end) {  // sees no key (the window or causal hides all)
+      set.rows.push_back({row.matrix, head, i, 0, 0});
+      set.max_key_begin = p.S;
+      set.min_key_end = 0;
+      continue;
+    }
+    set.rows.push_back(row);
+    set.key_start = std::min(set.key_start, row.key_begin);
+    set.key_limit = std::max(set.key_limit, row.key_end);
+    set.max_key_begin = std::max(set.max_key_begin, row.key_begin);
+    set.min_key_end = std::min(set.min_key_end, row.key_end);
+  }
+  if (set.key_limit == 0) set.key_start = 0;  // no row sees anything: an empty range
+}
+
+// The first key tile to visit for rows that see nothing before `key_start`, in a loop
+// that starts at `begin` and steps by kKeyTile (tiles stay on that grid).
+inline std::int64_t FirstTile(std::int64_t begin, std::int64_t key_start) {
+  return key_start <= begin ? begin : begin + (key_start - begin) / kKeyTile * kKeyTile;
+}
+
+}  // namespace simd
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_SIMD_ROWS_INL_H_

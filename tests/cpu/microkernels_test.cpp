@@ -1,0 +1,269 @@
+// The SIMD kernels' building blocks, tested one by one on every x86 target this build
+// compiles and this CPU runs, as Highway's own tests do (HWY_EXPORT_AND_TEST_P runs a
+// per-target function once per target): 2^x, the score and accumulate blocks, the
+// backward's rank update, row loads and stores of every dtype, and the log-sum-exp merge
+// of split keys — each against the same computation in float64. A target whose
+// microkernel is wrong fails here by name, before the whole-kernel tests
+// (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/element.h"
+#include "common/half.h"
+#include "common/problem.h"
+#include "hwy/tests/hwy_gtest.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/microkernels_test.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+// Per-target headers go after highway.h, inside the foreach_target loop.
+#include "cpu/simd/exp2-inl.h"
+#include "cpu/simd/lse_merge-inl.h"
+#include "cpu/simd/microkernels-inl.h"
+#include "cpu/simd/rows-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::detail {
+namespace HWY_NAMESPACE {
+
+using namespace simd;  // NOLINT(google-build-using-namespace): the pieces under test
+
+// Random floats in [−1, 1) in an aligned buffer.
+inline hwy::AlignedFreeUniquePtr<float[]> RandomFloats(std::size_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto values = hwy::AllocateAligned<float>(count);
+  for (std::size_t n = 0; n < count; ++n) values[n] = uniform(rng);
+  return values;
+}
+
+// Float32 summation of `terms` products: |error| ≤ terms · ε · Σ|products| (Higham 3.1),
+// with a factor 2 for the FMA-or-not ambiguity across targets.
+inline double SumTolerance(int terms, double sum_of_magnitudes) {
+  return 2.0 * terms * std::numeric_limits<float>::epsilon() * sum_of_magnitudes + 1e-30;
+}
+
+HWY_NOINLINE void TestExp2() {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  std::vector<float> inputs;
+  for (float x = -125.0f; x <= 0.0f; x += 1.0f / 64) inputs.push_back(x);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> uniform(-125.0f, 0.0f);
+  for (int n = 0; n < 1000; ++n) inputs.push_back(uniform(rng));
+  const float below = -125.5f, far_below = -1e30f;  // 2^x under float's normal range: exactly 0
+  inputs.insert(inputs.end(), {below, far_below, -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN()});
+  while (inputs.size() % N != 0) inputs.push_back(0.0f);
+  auto x = hwy::AllocateAligned<float>(inputs.size()), y = hwy::AllocateAligned<float>(inputs.size());
+  std::copy(inputs.begin(), inputs.end(), x.get());
+  for (std::size_t n = 0; n < inputs.size(); n += N) hn::Store(Exp2(df, hn::Load(df, x.get() + n)), df, y.get() + n);
+  for (std::size_t n = 0; n < inputs.size(); ++n) {
+    const float in = x[n];
+    if (std::isnan(in)) {
+      EXPECT_TRUE(std::isnan(y[n]));
+    } else if (in < -125.0f) {
+      EXPECT_EQ(y[n], 0.0f) << "2^" << in;
+    } else {
+      const double exact = std::exp2(static_cast<double>(in));
+      // Degree-6 Taylor on [−½, ½] (< 1e-7) plus the float rounding of Horner's steps.
+      EXPECT_LE(std::abs(y[n] - exact), 4e-7 * exact) << "2^" << in;
+    }
+  }
+}
+
+HWY_NOINLINE void TestScoreBlock() {
+  const DF df;
+  const std::size_t N = hn::Lanes(df), rows = 2 * N, st_stride = rows + N;
+  std::mt19937 rng(2);
+  for (std::int64_t E : {1, 7, 64, 131}) {
+    const std::int64_t k_stride = E + 3;  // K rows apart by more than their length
+    const auto qt = RandomFloats(static_cast<std::size_t>(E) * rows, rng);
+    const auto k = RandomFloats(kKeyBlock * static_cast<std::size_t>(k_stride), rng);
+    auto st = hwy::AllocateAligned<float>(kKeyBlock * st_stride);
+    ScoreBlock(qt.get(), rows, E, k.get(), k_stride, st.get(), st_stride);
+    for (std::size_t c = 0; c < kKeyBlock; ++c)
+      for (std::size_t r = 0; r < rows; ++r) {
+        double exact = 0, magnitude = 0;
+        for (std::int64_t e = 0; e < E; ++e) {
+          const double term = static_cast<double>(k[c * k_stride + e]) * qt[e * rows + r];
+          exact += term;
+          magnitude += std::abs(term);
+        }
+        EXPECT_NEAR(st[c * st_stride + r], exact, SumTolerance(static_cast<int>(E), magnitude))
+            << "E=" << E << " key " << c << " row " << r;
+      }
+  }
+}
+
+HWY_NOINLINE void TestAccumulate() {
+  const DF df;
+  const std::size_t N = hn::Lanes(df), rows = 2 * N, pt_stride = rows + N;
+  std::mt19937 rng(3);
+  for (std::int64_t dims : {1, static_cast<std::int64_t>(kValueBlock), 2 * static_cast<std::int64_t>(kValueBlock) + 3}) {
+    const std::int64_t cols = 29, v_stride = dims + 2;
+    const auto pt = RandomFloats(cols * pt_stride, rng);
+    const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
+    auto ot = RandomFloats(static_cast<std::size_t>(dims) * rows, rng);  // accumulated into, not overwritten
+    const std::vector<float> before(ot.get(), ot.get() + dims * rows);
+    Accumulate(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows);
+    for (std::int64_t d = 0; d < dims; ++d)
+      for (std::size_t r = 0; r < rows; ++r) {
+        double exact = before[d * rows + r], magnitude = std::abs(exact);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double term = static_cast<double>(v[c * v_stride + d]) * pt[c * pt_stride + r];
+          exact += term;
+          magnitude += std::abs(term);
+        }
+        EXPECT_NEAR(ot[d * rows + r], exact, SumTolerance(cols + 1, magnitude)) << "dims=" << dims << " d=" << d;
+      }
+  }
+}
+
+template <std::size_t Vectors>
+void CheckRankUpdate(std::mt19937& rng) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df), rows = 2 * N, wt_stride = rows, width = Vectors * N, x_stride = width + N;
+  const std::int64_t r0 = 1, r1 = static_cast<std::int64_t>(rows) - 1;  // a sub-range of rows
+  const auto wt = RandomFloats(kRankKeys * wt_stride, rng);
+  const auto x = RandomFloats(rows * x_stride, rng);
+  auto acc = RandomFloats(kRankKeys * x_stride, rng);
+  const std::vector<float> before(acc.get(), acc.get() + kRankKeys * x_stride);
+  RankUpdate<Vectors>(wt.get(), wt_stride, r0, r1, x.get(), x_stride, acc.get(), x_stride);
+  for (std::size_t c = 0; c < kRankKeys; ++c)
+    for (std::size_t d = 0; d < x_stride; ++d) {
+      if (d >= width) {  // past the updated vectors: untouched
+        EXPECT_EQ(acc[c * x_stride + d], before[c * x_stride + d]);
+        continue;
+      }
+      double exact = before[c * x_stride + d], magnitude = std::abs(exact);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const double term = static_cast<double>(wt[c * wt_stride + r]) * x[r * x_stride + d];
+        exact += term;
+        magnitude += std::abs(term);
+      }
+      EXPECT_NEAR(acc[c * x_stride + d], exact, SumTolerance(static_cast<int>(r1 - r0 + 1), magnitude))
+          << Vectors << " vectors, key " << c << " dim " << d;
+    }
+}
+
+HWY_NOINLINE void TestRankUpdate() {
+  std::mt19937 rng(4);
+  CheckRankUpdate<1>(rng);
+  CheckRankUpdate<2>(rng);
+  CheckRankUpdate<4>(rng);
+}
+
+// LoadRow converts exactly as the scalar element access does, and StoreRow rounds as it
+// does (nearest even), for every dtype, unit and non-unit column strides, and counts that
+// leave a tail after whole vectors.
+HWY_NOINLINE void TestRowLoadStore() {
+  const std::size_t N = hn::Lanes(DF());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> uniform(-3.0, 3.0);
+  for (DType dtype : {DType::float32, DType::float64, DType::float16, DType::bfloat16, DType::boolean}) {
+    for (std::int64_t col_stride : {1, 3}) {
+      const std::int64_t count = 3 * static_cast<std::int64_t>(N) + 1, col0 = 5, rows = 2;
+      const std::int64_t row_stride = (col0 + count) * col_stride + 1;
+      Operand op;
+      op.dtype = dtype;
+      op.element_size = dtype_size(dtype);
+      op.head_offset = {0};
+      op.row_stride = row_stride;
+      op.col_stride = col_stride;
+      std::vector<std::byte> bytes(static_cast<std::size_t>(rows * row_stride) * op.element_size);
+      op.data = bytes.data();
+      for (std::int64_t c = 0; c < col0 + count; ++c)
+        op.store<double>(0, 1, c, dtype == DType::boolean ? static_cast<double>(uniform(rng) > 0) : uniform(rng));
+      std::vector<float> loaded(static_cast<std::size_t>(count));
+      LoadRow(op, 0, 1, col0, count, loaded.data());
+      for (std::int64_t c = 0; c < count; ++c)
+        EXPECT_EQ(loaded[c], op.load<float>(0, 1, col0 + c)) << dtype_name(dtype) << " stride " << col_stride;
+      if (dtype == DType::boolean) continue;  // never an output
+
+      std::vector<float> values(static_cast<std::size_t>(count));
+      for (float& value : values) value = static_cast<float>(uniform(rng));
+      const std::vector<std::byte> untouched = bytes;
+      StoreRow(op, 0, 0, col0, count, values.data());
+      std::vector<std::byte> expected = untouched;
+      Operand scalar = op;
+      scalar.data = expected.data();
+      for (std::int64_t c = 0; c < count; ++c) scalar.store<float>(0, 0, col0 + c, values[c]);
+      EXPECT_EQ(bytes, expected) << dtype_name(dtype) << " stride " << col_stride;  // and nothing else written
+    }
+  }
+}
+
+// Merging the states of key splits gives m = max m_s, l = Σ 2^(m_s − m) l_s,
+// Oᵀ = Σ 2^(m_s − m) Oᵀ_s; a row no split saw (all m_s = −inf) stays l = 0, Oᵀ = 0.
+HWY_NOINLINE void TestMergeSplitStates() {
+  const std::size_t N = hn::Lanes(DF()), rows = 2 * N;
+  const std::int64_t Ev = 5, splits = 3;
+  const std::int64_t state_floats = SplitStateFloats(rows, Ev), stride = state_floats + 7;
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> uniform(-40.0f, 40.0f), positive(0.5f, 100.0f);
+  auto states = hwy::AllocateAligned<float>(splits * stride);
+  for (std::int64_t sp = 0; sp < splits; ++sp) {
+    float* state = states.get() + sp * stride;
+    for (std::size_t r = 0; r < rows; ++r) {
+      // Row 0: no split saw a key. Row 1: only the last split did.
+      const bool unseen = r == 0 || (r == 1 && sp < splits - 1);
+      state[r] = unseen ? -std::numeric_limits<float>::infinity() : uniform(rng);
+      state[rows + r] = unseen ? 0.0f : positive(rng);
+      for (std::int64_t d = 0; d < Ev; ++d) state[(2 + d) * rows + r] = unseen ? 0.0f : uniform(rng);
+    }
+  }
+  auto m = hwy::AllocateAligned<float>(rows), l = hwy::AllocateAligned<float>(rows);
+  auto ot = hwy::AllocateAligned<float>(Ev * rows);
+  MergeSplitStates(states.get(), splits, stride, rows, Ev, m.get(), l.get(), ot.get());
+  for (std::size_t r = 0; r < rows; ++r) {
+    double m_exact = -std::numeric_limits<double>::infinity();
+    for (std::int64_t sp = 0; sp < splits; ++sp) m_exact = std::max<double>(m_exact, states[sp * stride + r]);
+    EXPECT_EQ(m[r], m_exact);
+    if (r == 0) {
+      EXPECT_EQ(l[r], 0.0f);
+      for (std::int64_t d = 0; d < Ev; ++d) EXPECT_EQ(ot[d * rows + r], 0.0f);
+      continue;
+    }
+    double l_exact = 0;
+    std::vector<double> o_exact(Ev, 0.0), o_magnitude(Ev, 0.0);
+    for (std::int64_t sp = 0; sp < splits; ++sp) {
+      const float* state = states.get() + sp * stride;
+      const double weight = std::exp2(static_cast<double>(state[r]) - m_exact);
+      l_exact += weight * state[rows + r];
+      for (std::int64_t d = 0; d < Ev; ++d) {
+        o_exact[d] += weight * state[(2 + d) * rows + r];
+        o_magnitude[d] += std::abs(weight * state[(2 + d) * rows + r]);
+      }
+    }
+    // Each weight carries Exp2's 4e-7; then float sums of `splits` terms.
+    EXPECT_NEAR(l[r], l_exact, 1e-6 * l_exact) << "row " << r;
+    for (std::int64_t d = 0; d < Ev; ++d)
+      EXPECT_NEAR(ot[d * rows + r], o_exact[d], 1e-6 * o_magnitude[d] + 1e-30) << "row " << r << " dim " << d;
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::detail {
+
+HWY_BEFORE_TEST(Microkernels);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestExp2);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreBlock);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestAccumulate);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestRankUpdate);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestRowLoadStore);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestMergeSplitStates);
+
+}  // namespace sdpa::detail
+#endif
