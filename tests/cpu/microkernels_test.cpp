@@ -16,13 +16,13 @@
 #include "common/element.h"
 #include "common/half.h"
 #include "common/problem.h"
-#include "hwy/tests/hwy_gtest.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/microkernels_test.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
+#include "hwy/tests/hwy_gtest.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
 #include "cpu/simd/exp2-inl.h"
 #include "cpu/simd/lse_merge-inl.h"
@@ -106,7 +106,8 @@ HWY_NOINLINE void TestAccumulate() {
   const DF df;
   const std::size_t N = hn::Lanes(df), rows = 2 * N, pt_stride = rows + N;
   std::mt19937 rng(3);
-  for (std::int64_t dims : {1, static_cast<std::int64_t>(kValueBlock), 2 * static_cast<std::int64_t>(kValueBlock) + 3}) {
+  const std::int64_t block = static_cast<std::int64_t>(kValueBlock);
+  for (std::int64_t dims : {std::int64_t{1}, block, 2 * block + 3}) {
     const std::int64_t cols = 29, v_stride = dims + 2;
     const auto pt = RandomFloats(cols * pt_stride, rng);
     const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
@@ -205,7 +206,7 @@ HWY_NOINLINE void TestRowLoadStore() {
 HWY_NOINLINE void TestMergeSplitStates() {
   const std::size_t N = hn::Lanes(DF()), rows = 2 * N;
   const std::int64_t Ev = 5, splits = 3;
-  const std::int64_t state_floats = SplitStateFloats(rows, Ev), stride = state_floats + 7;
+  const std::int64_t state_floats = SplitStateFloats(rows, Ev), stride = state_floats + static_cast<std::int64_t>(rows);  // aligned, with a gap
   std::mt19937 rng(6);
   std::uniform_real_distribution<float> uniform(-40.0f, 40.0f), positive(0.5f, 100.0f);
   auto states = hwy::AllocateAligned<float>(splits * stride);

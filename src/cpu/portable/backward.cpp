@@ -150,15 +150,11 @@ void query_tile(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std::in
   T* dq = s.acc_a.data();
   std::fill(dq, dq + rows * p.E, T{0});
   pack_queries(p, s, qm, i0, rows);
-  const std::int64_t key_start = p.key_begin(i0) / kKeyTile * kKeyTile;
-  const std::int64_t key_limit = p.key_end(i0 + rows - 1);
-  for (std::int64_t j0 = key_start; j0 < key_limit; j0 += kKeyTile) {
-    const std::int64_t cols = std::min(kKeyTile, key_limit - j0);
-    pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
-    pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
-    tile_gradients(p, s, b, h, i0, rows, j0, cols, p.grad_mask.present());
-    accumulate_pv<T>(s.dscores.data(), s.k.data(), rows, cols, p.E, kKeyTile, dq);
-  }
+  for_each_key_tile<T>(p, kvm, visible_keys(p, i0, rows, kKeyTile), kKeyTile, s.k.data(), s.v.data(),
+                       [&](std::int64_t j0, std::int64_t cols) {
+                         tile_gradients(p, s, b, h, i0, rows, j0, cols, p.grad_mask.present());
+                         accumulate_pv<T>(s.dscores.data(), s.k.data(), rows, cols, p.E, kKeyTile, dq);
+                       });
   const T scale = static_cast<T>(p.scale);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t e = 0; e < p.E; ++e) p.grad_query.store<T>(qm, i0 + r, e, dq[r * p.E + e] * scale);

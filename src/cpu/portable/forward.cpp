@@ -80,16 +80,9 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   std::fill(s.row_max.begin(), s.row_max.end(), kMinusInf);
   std::fill(s.row_sum.begin(), s.row_sum.end(), T{0});
 
-  // Causal, window: no row of this tile sees a key before the first row's key_begin or
-  // at or past the last row's key_end (both grow with i). Tiles stay aligned to kKeyTile.
-  const std::int64_t key_start = p.key_begin(i0) / kKeyTile * kKeyTile;
-  const std::int64_t key_limit = p.key_end(i0 + rows - 1);
-  for (std::int64_t j0 = key_start; j0 < key_limit; j0 += kKeyTile) {
-    const std::int64_t cols = std::min(kKeyTile, key_limit - j0);
-    pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
-    pack_rows<T>(p.value, kvm, j0, cols, p.Ev, s.v.data());
+  const VisibleKeys visible = visible_keys(p, i0, rows, kKeyTile);
+  for_each_key_tile<T>(p, kvm, visible, kKeyTile, s.k.data(), s.v.data(), [&](std::int64_t j0, std::int64_t cols) {
     masked_scores(p, s, qm, i0, rows, j0, cols);
-
     for (std::int64_t r = 0; r < rows; ++r) {
       T* row = s.scores.data() + r * kKeyTile;
       T tile_max = kMinusInf;
@@ -112,7 +105,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
       if (dropping) apply_dropout(dropout, keep_scale, p.first_batch + b, h, i0 + r, j0, cols, row);
     }
     accumulate_pv<T>(s.scores.data(), s.v.data(), rows, cols, p.Ev, kKeyTile, s.acc.data());
-  }
+  });
 
   // O = acc / l, lse = m + log l; a fully masked row (m = −inf) gives 0 and −inf.
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -125,11 +118,11 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   }
 
   if (!p.weights.present()) return;
-  // Second pass for the weights: exp(s − m) / l, after dropout; 0 past key_limit.
+  // Second pass for the weights: exp(s − m) / l, after dropout; 0 outside the visible keys.
   for (std::int64_t j0 = 0; j0 < p.S; j0 += kKeyTile) {
     const std::int64_t cols = std::min(kKeyTile, p.S - j0);
-    const bool visible = j0 >= key_start && j0 < key_limit;
-    if (visible) {
+    const bool seen = j0 >= visible.start && j0 < visible.limit;
+    if (seen) {
       pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
       masked_scores(p, s, qm, i0, rows, j0, cols);
     }
@@ -138,7 +131,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
       const bool fully_masked = s.row_max[r] == kMinusInf;
       if (fully_masked) {
         std::fill(row, row + cols, T{0});
-      } else if (!visible) {
+      } else if (!seen) {
         // Causally masked keys: exp(−inf − m) is 0, or NaN when m is (a NaN row is
         // NaN throughout, as in PyTorch's softmax).
         std::fill(row, row + cols, std::exp(kMinusInf - s.row_max[r]));

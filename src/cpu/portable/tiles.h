@@ -3,6 +3,7 @@
 // (The SIMD kernels' counterparts are simd/microkernels-inl.h.)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/problem.h"
@@ -15,6 +16,29 @@ void pack_rows(const Operand& src, std::int64_t matrix, std::int64_t row0, std::
                T* dst) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src.load<T>(matrix, row0 + r, c);
+}
+
+// The keys a tile of query rows [i0, i0+rows) may see: none before the first row's
+// key_begin (rounded down to the grid of `key_tile`, so tiles stay aligned) and none at
+// or past the last row's key_end — both grow with i under causal and the window.
+struct VisibleKeys {
+  std::int64_t start, limit;
+};
+inline VisibleKeys visible_keys(const Problem& p, std::int64_t i0, std::int64_t rows, std::int64_t key_tile) {
+  return {p.key_begin(i0) / key_tile * key_tile, p.key_end(i0 + rows - 1)};
+}
+
+// visit(j0, cols) for each key tile [j0, j0+cols) of `visible`, with its K and V rows of
+// KV matrix kvm packed into k and v.
+template <class T, class Visit>
+void for_each_key_tile(const Problem& p, std::int64_t kvm, VisibleKeys visible, std::int64_t key_tile, T* k, T* v,
+                       Visit&& visit) {
+  for (std::int64_t j0 = visible.start; j0 < visible.limit; j0 += key_tile) {
+    const std::int64_t cols = std::min(key_tile, visible.limit - j0);
+    pack_rows<T>(p.key, kvm, j0, cols, p.E, k);
+    pack_rows<T>(p.value, kvm, j0, cols, p.Ev, v);
+    visit(j0, cols);
+  }
 }
 
 // scores[r·cols_stride + c] = scale · Σ_e q[r·E + e] · k[c·E + e]
