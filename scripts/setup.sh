@@ -6,7 +6,9 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev libomp-dev make
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libhwy-dev libpng-dev libopenblas-dev
+  libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
+  # the CLI's pictures: Cairo (found through pkg-config) and DejaVu Sans, a TrueType font
+  pkgconf libcairo2-dev fonts-dejavu-core
   python3 python3-venv python3-dev
 )
 

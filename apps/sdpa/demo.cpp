@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "io/plot.h"
-#include "io/png.h"
+#include "io/output_files.h"
+#include "plot.h"
 #include "sdpa/nn.h"
 #include "sdpa/sdpa.h"
 
@@ -43,8 +43,10 @@ const char* token_text(int id) {
       return "?";
   }
 }
-// Labels for the pictures and tables: the built-in font has no visible space.
+// Labels for the printed tables: a space would not show in a column of text.
 std::string token_label(int id) { return id == 0 ? "_" : token_text(id); }
+// Labels for the pictures: the open box (U+2423) that marks a space in type.
+std::string picture_label(int id) { return id == 0 ? "\u2423" : token_text(id); }
 
 constexpr std::int64_t kModel = 512;  // d_model, as in seed 003
 constexpr std::int64_t kHead = 64;    // d_k = d_v, as in seed 003's scaling step
@@ -162,14 +164,16 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
-io::Matrix plot_matrix(const Matrix& m) {
-  io::Matrix out{static_cast<std::int64_t>(m.size()), static_cast<std::int64_t>(m[0].size()), {}};
+plot::Matrix plot_matrix(const Matrix& m) {
+  plot::Matrix out{static_cast<std::int64_t>(m.size()), static_cast<std::int64_t>(m[0].size()), {}};
   for (const auto& row : m) out.values.insert(out.values.end(), row.begin(), row.end());
   return out;
 }
 
-void write_picture(const std::string& path, const io::Image& image, std::vector<std::string>& written) {
-  io::write_png(path, image);
+// Each picture is written as any output is (io::write_file: atomically, never damaging
+// what is there).
+void write_picture(const std::string& path, const Picture& picture, std::vector<std::string>& written) {
+  io::write_file(path, encode_png(picture, path));
   written.push_back(path);
 }
 
@@ -328,7 +332,7 @@ int demo_command(const DemoArgs& args) {
 
   // ---- Seed 004: why sqrt(d_k).
   std::printf("\nSeed 004: why divide by sqrt(d_k)\n");
-  std::vector<io::Image> bars;
+  std::vector<Picture> bars;
   for (std::int64_t dk : {8, 64, 512}) {
     // Var(q.k) over 1000 pairs of N(0, 1) vectors: theory says d_k.
     const Matrix qs = normal_matrix(1000, dk, 100 + dk, 1.0), ks = normal_matrix(1000, dk, 200 + dk, 1.0);
@@ -352,13 +356,13 @@ int demo_command(const DemoArgs& args) {
                 static_cast<long long>(dk), var, static_cast<long long>(dk),
                 *std::max_element(pu[0].begin(), pu[0].end()), *std::max_element(ps[0].begin(), ps[0].end()));
     char title[64], subtitle[96];
-    std::snprintf(title, sizeof title, "d_k = %lld", static_cast<long long>(dk));
-    std::snprintf(subtitle, sizeof subtitle, "Var(q.k) = %.1f (expected %lld)", var, static_cast<long long>(dk));
-    io::BarChartSpec spec;
+    std::snprintf(title, sizeof title, "d\u2096 = %lld", static_cast<long long>(dk));
+    std::snprintf(subtitle, sizeof subtitle, "Var(q\u00b7k) = %.1f (expected %lld)", var, static_cast<long long>(dk));
+    plot::BarChartSpec spec;
     spec.title = title;
     spec.subtitle = subtitle;
     spec.series = {{"Unscaled", pu[0], 0xff7f0e}, {"Scaled", ps[0], 0x1f77b4}};
-    bars.push_back(io::bar_chart(spec));
+    bars.push_back(plot::bar_chart(spec));
   }
 
   // ---- Pictures.
@@ -371,24 +375,24 @@ int demo_command(const DemoArgs& args) {
       return kExitBadInput;
     }
     std::vector<std::string> labels;
-    for (int id : kTokens) labels.push_back(token_label(id));
-    io::HeatmapSpec spec;
+    for (int id : kTokens) labels.push_back(picture_label(id));
+    plot::HeatmapSpec spec;
     spec.row_labels = spec.col_labels = labels;
-    spec.xlabel = "Key token (_ = space)";
+    spec.xlabel = "Key token (\u2423 = space)";
     spec.ylabel = "Query token";
     spec.title = "No mask (encoder)";
-    const io::Image no_mask = io::heatmap(plot_matrix(weights_no_mask), spec);
+    const Picture no_mask = plot::heatmap(plot_matrix(weights_no_mask), spec);
     spec.title = "Causal mask (decoder)";
-    const io::Image causal = io::heatmap(plot_matrix(weights), spec);
+    const Picture causal = plot::heatmap(plot_matrix(weights), spec);
     std::vector<std::string> written;
     try {
       const std::filesystem::path dir(args.out_dir);
       write_picture((dir / "heatmap_no_mask.png").string(), no_mask, written);
       write_picture((dir / "heatmap_causal.png").string(), causal, written);
       write_picture((dir / "attention_heatmaps.png").string(),
-                    io::figure({no_mask, causal}, "Attention weights on \"the cat ate the rat\""), written);
+                    plot::figure({no_mask, causal}, "Attention weights on \"the cat ate the rat\""), written);
       write_picture((dir / "scaling_softmax.png").string(),
-                    io::figure(bars, "Effect of sqrt(d_k) scaling on attention distributions"), written);
+                    plot::figure(bars, "Effect of \u221ad\u2096 scaling on attention distributions"), written);
     } catch (const Error& e) {
       std::fprintf(stderr, "sdpa: error: %s\n", e.what());
       return kExitBadInput;

@@ -8,8 +8,7 @@
 #include "commands.h"
 #include "io/npy.h"
 #include "io/output_files.h"
-#include "io/plot.h"
-#include "io/png.h"
+#include "plot.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::cli {
@@ -49,11 +48,11 @@ int viz_command(const VizArgs& args) {
     }
     if (rows == 0 || cols == 0) return error("--weights " + args.weights + ": expected a non-empty matrix");
 
-    io::Matrix m{rows, cols, {}};
+    plot::Matrix m{rows, cols, {}};
     m.values.resize(static_cast<std::size_t>(rows * cols));
     for (std::int64_t i = 0; i < rows * cols; ++i) m.values[static_cast<std::size_t>(i)] = t.get(offset + i);
 
-    io::HeatmapSpec spec;
+    plot::HeatmapSpec spec;
     spec.title = args.title;
     if (spec.title.empty()) {
       spec.title = std::filesystem::path(args.weights).filename().string();
@@ -80,7 +79,7 @@ int viz_command(const VizArgs& args) {
     if (spec.vmin && spec.vmax && !(*spec.vmax > *spec.vmin)) return error("--vmax: expected a value above --vmin");
     spec.annotate = !args.no_values;
     spec.colorbar_label = "value";
-    output.write({io::encode_png(io::heatmap(m, spec), "--out")});
+    output.write({encode_png(plot::heatmap(m, spec), "--out")});
     // On stderr: the PNG itself may be going to stdout (-o /dev/stdout).
     std::cerr << "wrote " << args.out << " (" << rows << " x " << cols << ")\n";
     return kExitOk;

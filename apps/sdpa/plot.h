@@ -1,7 +1,8 @@
-// A small plotting module for the pictures of the seeds: attention heatmaps with a
-// colour bar and token labels (seed 004's imshow figures) and grouped bar charts (its
-// scaled-vs-unscaled softmax experiment). Panels render to an Image; figure() puts
-// several side by side under a common title. Labels use the built-in font (font.h).
+// The CLI's figures, as seed 004 draws them with matplotlib: attention heatmaps in the
+// "Blues" colour map with a colour bar, token labels and the value written in each cell
+// (its imshow figures), and grouped bar charts (its scaled-vs-unscaled softmax
+// experiment). Panels are Pictures (picture.h); figure() puts several side by side under
+// a common title. Drawn with Cairo, text in DejaVu Sans (text.h).
 #pragma once
 
 #include <cstdint>
@@ -9,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "io/png.h"
+#include "picture.h"
 
-namespace sdpa::io {
+namespace sdpa::cli::plot {
 
 // A rows x cols matrix of doubles, row-major.
 struct Matrix {
@@ -42,12 +43,12 @@ struct HeatmapSpec {
 // tick labels and a colour bar. NaN cells are grey. A matrix larger than the plot area
 // is box-averaged down to it (the title says so). Throws sdpa::Error on an empty matrix
 // or label lists of the wrong length.
-Image heatmap(const Matrix& m, const HeatmapSpec& spec);
+Picture heatmap(const Matrix& m, const HeatmapSpec& spec);
 
 struct BarSeries {
   std::string name;
   std::vector<double> values;
-  std::uint32_t colour = 0x1f77b4;
+  std::uint32_t colour = 0x1f77b4;  // 0xRRGGBB
 };
 
 struct BarChartSpec {
@@ -62,12 +63,12 @@ struct BarChartSpec {
 
 // Grouped bars with a y grid, a legend and axis labels. Values outside [ymin, ymax] are
 // clipped to the axis.
-Image bar_chart(const BarChartSpec& spec);
+Picture bar_chart(const BarChartSpec& spec);
 
 // Places `panels` left to right, top-aligned, on a white canvas under `title`.
-Image figure(const std::vector<Image>& panels, const std::string& title);
+Picture figure(const std::vector<Picture>& panels, const std::string& title);
 
 // The Blues colour map at t in [0, 1] (matplotlib's, from ColorBrewer), as 0xRRGGBB.
 std::uint32_t blues(double t);
 
-}  // namespace sdpa::io
+}  // namespace sdpa::cli::plot
