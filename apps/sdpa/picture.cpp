@@ -35,8 +35,8 @@ int Picture::height() const { return surface_ ? cairo_image_surface_get_height(s
 std::uint32_t Picture::pixel(int x, int y) const {
   if (x < 0 || y < 0 || x >= width() || y >= height()) return 0;
   cairo_surface_flush(surface_.get());  // drawing done through a context lands in the data
-  const unsigned char* row =
-      cairo_image_surface_get_data(surface_.get()) + static_cast<std::ptrdiff_t>(y) * cairo_image_surface_get_stride(surface_.get());
+  const unsigned char* row = cairo_image_surface_get_data(surface_.get()) +
+                             static_cast<std::ptrdiff_t>(y) * cairo_image_surface_get_stride(surface_.get());
   std::uint32_t value;  // RGB24: one native-endian 32-bit word per pixel, 0x00RRGGBB
   std::memcpy(&value, row + static_cast<std::ptrdiff_t>(x) * 4, sizeof value);
   return value & 0xffffff;
@@ -64,8 +64,9 @@ std::string encode_png(const Picture& picture, const std::string& name) {
       },
       &bytes);
   if (status != CAIRO_STATUS_SUCCESS) {
-    throw Error(ErrorKind::value, name,
-                std::string("expected a picture Cairo can encode as PNG, got an error: ") + cairo_status_to_string(status));
+    throw Error(
+        ErrorKind::value, name,
+        std::string("expected a picture Cairo can encode as PNG, got an error: ") + cairo_status_to_string(status));
   }
   return bytes;
 }

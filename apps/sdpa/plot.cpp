@@ -19,10 +19,10 @@ namespace {
 
 // Sizes in pixels, near matplotlib's at 100 dpi (10 pt tick labels, 12 pt titles).
 constexpr Font kTickFont{13};
-constexpr Font kLabelFont{14};     // axis labels, legend, subtitles
-constexpr Font kTitleFont{16};     // panel titles
-constexpr Font kFigureFont{20};    // figure titles
-constexpr Font kValueFont{11};     // the values written in heatmap cells
+constexpr Font kLabelFont{14};   // axis labels, legend, subtitles
+constexpr Font kTitleFont{16};   // panel titles
+constexpr Font kFigureFont{20};  // figure titles
+constexpr Font kValueFont{11};   // the values written in heatmap cells
 constexpr int kPad = 12;
 constexpr int kTick = 5;
 constexpr int kLabelGap = 4;       // between a tick mark and its label
@@ -297,8 +297,8 @@ Picture heatmap(const Matrix& m, const HeatmapSpec& spec) {
               Along::start, Across::middle);
   }
   if (!spec.colorbar_label.empty()) {
-    draw_text(cr, bar_x + bar_w + 1 + kTick + kLabelGap + tick_w + kPad / 2, top + plot_h / 2.0,
-              spec.colorbar_label, kLabelFont, kText, Along::centre, Across::top, Direction::upright);
+    draw_text(cr, bar_x + bar_w + 1 + kTick + kLabelGap + tick_w + kPad / 2, top + plot_h / 2.0, spec.colorbar_label,
+              kLabelFont, kText, Along::centre, Across::top, Direction::upright);
   }
   return picture;
 }

@@ -49,8 +49,8 @@ Ink ink_of(const Picture& p, int x0, int y0, int x1, int y1) {
   for (int y = y0; y < y1; ++y)
     for (int x = x0; x < x1; ++x) {
       const std::uint32_t c = p.pixel(x, y);
-      if (c == 0) ++ink.black;
-      else if (c != 0xffffff) ++ink.grey;
+      ink.black += c == 0;
+      ink.grey += c != 0 && c != 0xffffff;
     }
   return ink;
 }
@@ -121,8 +121,8 @@ TEST(TextTest, DrawsAntialiasedProportionalText) {
   EXPECT_NEAR((box.x0 + box.x1 + 1) / 2.0, 100, 2);  // centred on the anchor
   EXPECT_NEAR(box.y0 + 0.72 * 20 / 2, 100, 2.5);     // capitals centred on it (cap height 0.73 em)
   // Non-ASCII text is drawn (UTF-8): the open box the demo labels spaces with.
-  EXPECT_GT(ink_of(text_picture("\u2423"), 0, 0, 200, 200).black + ink_of(text_picture("\u2423"), 0, 0, 200, 200).grey,
-            10);
+  const Ink open_box = ink_of(text_picture("\u2423"), 0, 0, 200, 200);
+  EXPECT_GT(open_box.black + open_box.grey, 10);
 }
 
 // Upright text is the flat text turned a quarter counter-clockwise: its ink box has the
@@ -222,8 +222,11 @@ TEST(PlotTest, AnnotatedCellsCarryTheirValues) {
       } else {
         EXPECT_GT(text, 15) << r << "," << c;
         // Light digits on the dark cell (0.9), dark ones on the light cells.
-        if (m.at(r, c) > 0.8) EXPECT_GT(lighter, text / 2);
-        else EXPECT_LT(lighter, text / 2);
+        if (m.at(r, c) > 0.8) {
+          EXPECT_GT(lighter, text / 2);
+        } else {
+          EXPECT_LT(lighter, text / 2);
+        }
       }
     }
 }
