@@ -3,7 +3,7 @@
 // here is the width drawn in any direction and at any position.
 #include "text.h"
 
-#include <cmath>
+#include <numbers>
 #include <string>
 
 #include "picture.h"
@@ -69,7 +69,7 @@ void draw_text(cairo_t* cr, double x, double y, std::string_view text, Font font
 
   // In the text's own frame: x along the reading direction, y down across it.
   cairo_translate(cr, x, y);
-  if (direction == Direction::upright) cairo_rotate(cr, -M_PI / 2);
+  if (direction == Direction::upright) cairo_rotate(cr, -std::numbers::pi / 2);
   const double start = along == Along::start    ? 0.0
                        : along == Along::centre ? -text_extents.x_advance / 2
                                                 : -text_extents.x_advance;
