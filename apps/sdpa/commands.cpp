@@ -1,9 +1,11 @@
 // `sdpa run` and `sdpa info`. `sdpa check` lives in check.cpp.
 #include "commands.h"
 
+#include <algorithm>
 #include <charconv>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -29,8 +31,8 @@ Causal parse_causal(const std::string& name) {
 Backend parse_backend(const std::string& name) {
   if (name == "cpu") return Backend::cpu;
   if (name == "reference") return Backend::reference;
-  if (name == "auto") return Backend::automatic;
-  throw Error(ErrorKind::value, "--backend", "expected auto, cpu or reference, got " + name);
+  if (name == "automatic") return Backend::automatic;
+  throw Error(ErrorKind::value, "--backend", "expected automatic, cpu or reference, got " + name);
 }
 
 // Seed 001 marks the positions to *drop* with true/1; the library follows PyTorch
@@ -60,10 +62,10 @@ Options make_options(const RunArgs& args, const Tensor* mask, const Tensor* alib
   if (args.alignment) options.alignment = parse_alignment(*args.alignment);
   options.softcap = args.softcap;
   options.scale = args.scale;
-  options.dropout_p = args.dropout;
+  options.dropout_p = args.dropout_p;
   options.seed = args.seed;
   options.offset = args.offset;
-  options.num_threads = args.threads;
+  options.num_threads = args.num_threads;
   options.backend = parse_backend(args.backend);
   return options;
 }
@@ -114,41 +116,39 @@ int report_error(const std::string& message) {
   return kExitBadInput;
 }
 
-// The library names the C++ argument at fault ("options.dropout_p", "key"); a CLI user
-// typed a flag and a file, so the message names those instead. Errors from the .npy
-// reader already name the file and pass through unchanged.
+// The flag that sets what the library calls `name`: "--" and the name with '_' → '-'.
+std::string flag_of(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return "--" + name;
+}
+
+// The library names the argument at fault as its C++ caller wrote it ("options.dropout_p",
+// "key", "cu_seqlens_q"), and the flags of `run` are those names by one rule
+// (docs/architecture.md, "How errors name an argument"): the "options." prefix goes and the
+// rest is flag_of's; a file's flag comes with its path. The pages are the --key and --value
+// files, and blocks_per_sequence is --block-table's row length. Errors from the .npy reader
+// already name the file and pass through unchanged, as do those about what the CLI makes
+// itself (the outputs).
 std::string cli_message(const Error& error, const RunArgs& args) {
   const std::string& argument = error.argument();
   const std::string what = error.what();
   const std::string detail = what.size() > argument.size() + 2 ? what.substr(argument.size() + 2) : what;
-  const auto file = [](const char* flag, const std::string& path) { return std::string(flag) + " " + path; };
-  std::string label;
-  if (argument == "query") label = file("--query", args.query);
-  if (argument == "key") label = file("--key", args.key);
-  if (argument == "value") label = file("--value", args.value);
-  if (argument == "mask" && args.mask) label = file("--mask", *args.mask);
-  if (argument == "options.dropout_p") label = "--dropout";
-  if (argument == "options.scale") label = "--scale";
-  if (argument == "options.num_threads") label = "--threads";
-  if (label.empty()) {
-    // The issue #7 arguments, under whatever struct prefix ("options.", "sequences.",
-    // "cache.") and index suffix ("[2]") the library gives them.
-    std::string field = argument.substr(argument.rfind('.') == std::string::npos ? 0 : argument.rfind('.') + 1);
-    field = field.substr(0, field.find('['));
-    if (field == "window_left") label = "--window-left";
-    if (field == "window_right") label = "--window-right";
-    if (field == "alignment") label = "--alignment";
-    if (field == "softcap") label = "--softcap";
-    if (field == "causal") label = "--causal";
-    if (field == "alibi_slopes" && args.alibi_slopes) label = file("--alibi-slopes", *args.alibi_slopes);
-    if (field == "cu_seqlens_q") label = "--cu-seqlens-q";
-    if (field == "cu_seqlens_k") label = "--cu-seqlens-k";
-    if (field == "block_table" || field == "blocks_per_sequence") label = "--block-table";
-    if (field == "seq_lens") label = "--seq-lens";
-    if (field == "key_pages") label = file("--key", args.key);
-    if (field == "value_pages") label = file("--value", args.value);
-  }
-  return label.empty() ? what : label + ": " + detail;
+  const std::string options_prefix = "options.";
+  if (argument.rfind(options_prefix, 0) == 0) return flag_of(argument.substr(options_prefix.size())) + ": " + detail;
+  std::string name = argument;
+  if (name == "key_pages") name = "key";
+  if (name == "value_pages") name = "value";
+  if (name == "blocks_per_sequence") name = "block_table";
+  const std::optional<std::string> file = name == "query"          ? args.query
+                                          : name == "key"          ? args.key
+                                          : name == "value"        ? args.value
+                                          : name == "mask"         ? args.mask
+                                          : name == "alibi_slopes" ? args.alibi_slopes
+                                                                   : std::nullopt;
+  if (file) return flag_of(name) + " " + *file + ": " + detail;
+  for (const char* list : {"cu_seqlens_q", "cu_seqlens_k", "block_table", "seq_lens"})
+    if (name == list) return flag_of(name) + ": " + detail;
+  return what;
 }
 
 }  // namespace

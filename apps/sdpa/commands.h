@@ -4,10 +4,10 @@
 
 #include <cstdint>
 #include <limits>
-#include <vector>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace sdpa::cli {
 
@@ -24,11 +24,11 @@ struct RunArgs {
   std::string mask_polarity = "attend";  // attend (PyTorch) | ignore (seed 001: true = drop)
   std::string causal = "none";           // none | top-left | bottom-right
   std::optional<double> scale;
-  double dropout = 0.0;
+  double dropout_p = 0.0;
   std::uint64_t seed = 0;
   std::uint64_t offset = 0;
-  int threads = 0;
-  std::string backend = "auto";  // auto | cpu | reference
+  int num_threads = 0;
+  std::string backend = "automatic";  // automatic | cpu | reference
   std::string out;
   std::optional<std::string> weights;
   std::optional<std::string> lse;
@@ -75,7 +75,7 @@ struct BenchArgs {
   bool json = false;
   int repeats = 3;
   int threads = 0;
-  std::string filter;  // run only the points whose name contains it
+  std::string filter;     // run only the points whose name contains it
   bool backward = false;  // time forward + backward (training) instead of the forward
   // The work the issue #7 features skip, against the call they replace: sliding window
   // vs full attention, varlen vs the padded batch, paged vs contiguous decoding, and

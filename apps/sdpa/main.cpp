@@ -54,9 +54,8 @@ const CLI::Validator kInt64 =
     number<std::int64_t>(std::numeric_limits<std::int64_t>::min(), kLargestInt64, "a 64-bit integer");
 // The library's own limit, checked here too because `bench` starts its probes' threads
 // before any library call.
-const CLI::Validator kThreads = number<int>(0, sdpa::Options::kMaxThreads,
-                                            "an integer in [0, " + std::to_string(sdpa::Options::kMaxThreads) +
-                                                "] (0 = all)");
+const CLI::Validator kThreads = number<int>(
+    0, sdpa::Options::kMaxThreads, "an integer in [0, " + std::to_string(sdpa::Options::kMaxThreads) + "] (0 = all)");
 const CLI::Validator kCount = number<int>(0, std::numeric_limits<int>::max(), "an integer >= 0");
 const CLI::Validator kRepeats = number<int>(1, 1000000, "an integer in [1, 1000000]");
 const CLI::Validator kIndex = number<std::int64_t>(0, kLargestInt64, "an integer >= 0");
@@ -101,6 +100,9 @@ struct RunFlags {
 };
 
 void add_run_command(CLI::App& app, RunFlags& flags) {
+  // A flag that sets a field of sdpa::Options is named after it, '_' → '-' (--dropout-p,
+  // --num-threads): the library's errors name the field, and run_command names the flag by
+  // that one rule (docs/architecture.md, "How errors name an argument").
   CLI::App* run = app.add_subcommand("run", "Compute attention on .npy files: softmax(Q K^T * scale + mask) V");
   RunArgs& a = flags.args;
   run->add_option("--query,-q", a.query,
@@ -143,18 +145,16 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   flags.alibi_slopes_option =
       run->add_option("--alibi-slopes", flags.alibi_slopes,
                       "ALiBi slopes .npy, float32/64, (Hq,) or (batch..., Hq): adds -slope[h] * |d(i) - j|");
-  run->add_option("--dropout", a.dropout, "Dropout probability on the weights, in [0, 1)")
+  run->add_option("--dropout-p", a.dropout_p, "Dropout probability on the weights, in [0, 1)")
       ->transform(kFinite)
       ->capture_default_str();
-  run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")
-      ->transform(kUint64)
+  run->add_option("--seed", a.seed, "Dropout seed (Philox4x32-10)")->transform(kUint64)->capture_default_str();
+  run->add_option("--offset", a.offset, "Dropout counter offset")->transform(kUint64)->capture_default_str();
+  run->add_option("--num-threads", a.num_threads, "CPU threads (0 = OpenMP default)")
+      ->transform(kThreads)
       ->capture_default_str();
-  run->add_option("--offset", a.offset, "Dropout counter offset")
-      ->transform(kUint64)
-      ->capture_default_str();
-  run->add_option("--threads", a.threads, "CPU threads (0 = OpenMP default)")->transform(kThreads)->capture_default_str();
-  run->add_option("--backend", a.backend, "auto, cpu or reference (the float64 oracle)")
-      ->check(CLI::IsMember({"auto", "cpu", "reference"}))
+  run->add_option("--backend", a.backend, "automatic, cpu or reference (the float64 oracle)")
+      ->check(CLI::IsMember({"automatic", "cpu", "reference"}))
       ->capture_default_str();
   run->add_option("--out,-o", a.out, "Output .npy (..., Hq, L, Ev), the query's dtype")->required();
   flags.weights_option =
@@ -176,9 +176,7 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
 
 void add_check_command(CLI::App& app, CheckArgs& args) {
   CLI::App* check = app.add_subcommand("check", "Compare the CPU backend with the float64 oracle on random cases");
-  check->add_option("--cases", args.cases, "Number of random configurations")
-      ->transform(kCount)
-      ->capture_default_str();
+  check->add_option("--cases", args.cases, "Number of random configurations")->transform(kCount)->capture_default_str();
   check->add_option("--seed", args.seed, "Random seed (the run is deterministic given it)")
       ->transform(kUint64)
       ->capture_default_str();
@@ -205,8 +203,11 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")
       ->transform(kRepeats)
       ->capture_default_str();
-  bench->add_option("--threads", bench_args.threads, "Threads (0 = all)")->transform(kThreads)->capture_default_str();
-  bench->add_option("--filter", bench_args.filter, "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
+  bench->add_option("--num-threads", bench_args.threads, "Threads (0 = all)")
+      ->transform(kThreads)
+      ->capture_default_str();
+  bench->add_option("--filter", bench_args.filter,
+                    "Only the points whose name contains this, e.g. 'float32 Hq=16 Hkv=4'");
   bench->add_flag("--backward", bench_args.backward,
                   "Time forward + backward (training; backward counted as 2.5x the forward's FLOPs)");
   bench->add_flag("--features", bench_args.features,
@@ -225,7 +226,8 @@ int main(int argc, char** argv) {
   demo->add_flag("!--no-pictures", demo_args.pictures, "Print the walkthrough only");
   sdpa::cli::VizArgs viz_args;
   CLI::App* viz = app.add_subcommand("viz", "Draw a weight matrix (.npy) as a PNG heatmap with a colour scale");
-  viz->add_option("--weights,-w", viz_args.weights, "Matrix (..., L, S) .npy, e.g. from sdpa run --weights")->required();
+  viz->add_option("--weights,-w", viz_args.weights, "Matrix (..., L, S) .npy, e.g. from sdpa run --weights")
+      ->required();
   viz->add_option("--out,-o", viz_args.out, "PNG file to write")->required();
   viz->add_option("--index", viz_args.index, "Leading indices of the matrix to draw, e.g. 0,3 (default: all 0)")
       ->delimiter(',')

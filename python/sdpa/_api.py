@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from . import _core
+from ._options import Options, to_core
 
 _CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}
 _LAYOUTS = ("HND", "NHD")
@@ -207,9 +208,9 @@ def _causal(causal) -> str:
     raise ValueError(f"causal: expected None, 'top_left' or 'bottom_right', got {causal!r}{hint}")
 
 
-def _alignment(alignment) -> str:
+def _alignment(alignment):
     if alignment is None:
-        return "none"
+        return None
     if isinstance(alignment, str) and alignment in ("top_left", "bottom_right"):
         return alignment
     raise ValueError(f"alignment: expected None, 'top_left' or 'bottom_right', got {alignment!r}")
@@ -277,18 +278,18 @@ def _integers(fw, name, x):
     return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
 
 
-class _Extras:
-    """The options beyond PyTorch's SDPA (issue #7), checked and in the library's terms."""
-
-    def __init__(self, fw, window_size, alignment, alibi_slopes, softcap):
-        self.window_left, self.window_right = _window(window_size)
-        self.alignment = _alignment(alignment)
-        self.alibi_slopes = _slopes(fw, alibi_slopes)
-        self.softcap = _softcap(softcap)
-
-    def core_args(self):
-        """The trailing arguments of sdpa._core's functions and of the custom ops."""
-        return self.window_left, self.window_right, self.alignment, self.alibi_slopes, self.softcap
+def _options(fw, *, causal=None, scale=None, dropout_p=0.0, seed=None, window_size=(-1, -1), alignment=None,
+             softcap=0.0) -> Options:
+    """The keywords of every public function as the one Options of the call (sdpa/_options.py:
+    sdpa::Options' scalar fields). Each is checked for its type here, the error naming the
+    keyword as the caller spelled it; the ranges are the library's to check. `seed` None
+    draws one from the caller's framework (`fw`) when dropout_p > 0. The fields no public
+    function takes (offset, backend, num_threads) keep sdpa::Options' defaults."""
+    dropout_p = _dropout(dropout_p)
+    window_left, window_right = _window(window_size)
+    return Options(causal=_causal(causal), scale=_scale(scale), window_left=window_left, window_right=window_right,
+                   alignment=_alignment(alignment), softcap=_softcap(softcap), dropout_p=dropout_p,
+                   seed=_seed(fw, seed, dropout_p))
 
 
 def _batch_dims(ndim: int) -> int:
@@ -296,10 +297,7 @@ def _batch_dims(ndim: int) -> int:
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
 
 
-def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out, mask_name, extras):
-    dropout_p = _dropout(dropout_p)
-    scale = _scale(scale)
-    seed = _seed(fw, seed, dropout_p)
+def _run(fw, q, k, v, mask, slopes, options, *, weights, lse, out, mask_name):
     if isinstance(fw, _Torch):
         from . import _autograd
 
@@ -310,8 +308,7 @@ def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out
                                           "separate call under torch.no_grad()")
             if out is not None:
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
-            output, lse_tensor = _autograd.attention(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p,
-                                                     seed=seed, mask_name=mask_name, extras=extras.core_args())
+            output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
         # No gradient wanted: DLPack exports only tensors that do not require grad.
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -323,8 +320,7 @@ def _run(fw, q, k, v, mask, *, causal, scale, dropout_p, seed, weights, lse, out
     # The library validates everything (shapes, dtypes, mask broadcasting, overlap) before it
     # writes anything; its errors arrive as TypeError / ValueError.
     written = out.detach() if isinstance(fw, _Torch) else out  # the caller's memory either way
-    _core.forward(q, k, v, mask, written, weights_buffer, lse_buffer, causal, scale, dropout_p, seed, 0, 0,
-                  "automatic", mask_name, *extras.core_args())
+    _core.forward(q, k, v, mask, slopes, written, weights_buffer, lse_buffer, to_core(options), mask_name)
     return out, weights_buffer, lse_buffer
 
 
@@ -403,15 +399,16 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
             of a structured array). Nothing is written then.
         NotImplementedError: return_weights or out with inputs that require grad.
     """
-    causal = _causal(causal)
     fw = _framework(query)
+    options = _options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed, window_size=window_size,
+                       alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
     m = None if mask is None else fw.prepare("mask", mask)
-    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
-    output, weights, lse = _run(fw, q, k, v, m, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
-                                weights=return_weights, lse=return_lse, out=out, mask_name="mask", extras=extras)
+    slopes = _slopes(fw, alibi_slopes)
+    output, weights, lse = _run(fw, q, k, v, m, slopes, options, weights=return_weights, lse=return_lse, out=out,
+                                mask_name="mask")
     if not (return_weights or return_lse):
         return output
     return (output,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
@@ -457,11 +454,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             softcap, alibi_slopes or alignment.
     """
     fw = _framework(query)
+    options = _options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p, seed=seed,
+                       window_size=window_size, alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
-    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
+    slopes = _slopes(fw, alibi_slopes)
 
     # torch reads dim -3 as the head dim when it applies GQA, also at rank 3; the library's
     # rank 3 is (batch, seq, dim), so such inputs become (1, heads, seq, dim).
@@ -491,8 +490,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             if batch is not None:
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
 
-    output, _, _ = _run(fw, q, k, v, m, causal="top_left" if is_causal else "none", scale=scale, dropout_p=dropout_p,
-                        seed=seed, weights=False, lse=False, out=None, mask_name="attn_mask", extras=extras)
+    output, _, _ = _run(fw, q, k, v, m, slopes, options, weights=False, lse=False, out=None, mask_name="attn_mask")
     return output[0] if squeeze else output
 
 
@@ -551,8 +549,9 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
         ValueError: ranks or shapes that do not fit, cu_seqlens that are not a valid
             partition of the packed rows, and the option errors of sdpa.attention.
     """
-    causal = _causal(causal)
     fw = _framework(query)
+    options = _options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed, window_size=window_size,
+                       alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
@@ -562,24 +561,20 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     _like("value", v, "the key", k)
     cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q)
     cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
-    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
-    dropout_p = _dropout(dropout_p)
-    scale = _scale(scale)
-    seed = _seed(fw, seed, dropout_p)
+    slopes = _slopes(fw, alibi_slopes)
     if isinstance(fw, _Torch):
         from . import _autograd
 
         if _autograd.wanted(q, k, v):
-            output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, causal=causal, scale=scale, dropout_p=dropout_p,
-                                           seed=seed, extras=extras.core_args())
+            output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, options)
             return (output, lse) if return_lse else output
         q, k, v = q.detach(), k.detach(), v.detach()
     total_q, heads_q = q.shape[0], q.shape[1]
     # FlashAttention's layouts, written through (H, total, ·) views.
     output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
     lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
-    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, fw.swap(output, 0, 1), lse,
-                         causal, scale, dropout_p, seed, 0, 0, "automatic", *extras.core_args())
+    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, slopes,
+                         fw.swap(output, 0, 1), lse, to_core(options))
     return (output, lse) if return_lse else output
 
 
@@ -623,10 +618,10 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
         NotImplementedError: inputs that require grad (paged attention has no backward;
             call it under torch.no_grad() or torch.inference_mode()).
     """
-    causal = _causal(causal)
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
     fw = _framework(query)
+    options = _options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     kp = fw.prepare("key_pages", key_pages)
     vp = fw.prepare("value_pages", value_pages)
@@ -637,8 +632,7 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     _like("value_pages", vp, "key_pages", kp)
     table = _integers(fw, "block_table", block_table)
     lengths = _integers(fw, "seq_lens", seq_lens)
-    extras = _Extras(fw, window_size, alignment, alibi_slopes, softcap)
-    scale = _scale(scale)
+    slopes = _slopes(fw, alibi_slopes)
     nhd = layout == "NHD"
     if isinstance(fw, _Torch):
         from . import _autograd
@@ -649,13 +643,12 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
                                       "or torch.inference_mode(), or use sdpa.attention / sdpa.varlen_attention "
                                       "for training")
         if torch.compiler.is_compiling():
-            output, lse = _autograd.paged(q, kp, vp, table, lengths, nhd=nhd, causal=causal, scale=scale,
-                                          extras=extras.core_args())
+            output, lse = _autograd.paged(q, kp, vp, table, lengths, slopes, options, nhd=nhd)
             return (output, lse) if return_lse else output
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
     rows = tuple(q.shape[:-1])
     output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
     lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
-    _core.forward_paged(q, kp, vp, table, lengths, output, lse, causal, scale, 0, "automatic", *extras.core_args())
+    _core.forward_paged(q, kp, vp, table, lengths, slopes, output, lse, to_core(options))
     return (output, lse) if return_lse else output

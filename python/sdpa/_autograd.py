@@ -1,13 +1,19 @@
 """Autograd for torch tensors: sdpa's forward and backward as torch.library custom ops.
 
-    sdpa::attention_forward(q, k, v, mask, ...)  -> (out, lse)
-    sdpa::attention_backward(dout, q, k, v, mask, out, lse, ...) -> (dq, dk, dv, dmask)
-    sdpa::varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, ...) -> (out, lse)
-    sdpa::varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, ...) -> (dq, dk, dv)
-    sdpa::paged_forward(q, key_pages, value_pages, block_table, seq_lens, ...) -> (out, lse)
+    sdpa::attention_forward(q, k, v, mask, alibi_slopes, mask_name, *options) -> (out, lse)
+    sdpa::attention_backward(dout, q, k, v, mask, alibi_slopes, out, lse, dlse, mask_gradient,
+                             mask_name, *options) -> (dq, dk, dv, dmask)
+    sdpa::varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options) -> (out, lse)
+    sdpa::varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse, dlse,
+                          *options) -> (dq, dk, dv)
+    sdpa::paged_forward(q, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd,
+                        *options) -> (out, lse)
 
-Every op ends with the options beyond PyTorch's SDPA (issue #7): window_left, window_right,
-alignment ("none" = the library's default), alibi_slopes (not differentiated) and softcap.
+A custom op's schema holds tensors and scalars only, so every op ends with the call's
+options flattened (sdpa/_options.py: `flatten`, `unflatten` and the schema's part, SCHEMA,
+all derived from the binding's list of fields). A new option bound in
+python/src/options.cpp reaches every op with nothing to change here. alibi_slopes is a
+tensor beside the others, never differentiated.
 
 Each forward op but the paged one has its backward op registered as its autograd formula
 (torch.library.register_autograd), and both have fake (meta) implementations, so the
@@ -30,18 +36,16 @@ from typing import Optional
 
 import torch
 
-from . import _core
+from . import _core, _options
 
-_TWO_64 = 1 << 64
-
-
-def _to_int64(seed: int) -> int:
-    # Custom-op ints are int64; the seed is a uint64 (two's complement, both ways).
-    return seed - _TWO_64 if seed >= 1 << 63 else seed
+def _op(name: str, arguments: str, returns: str):
+    """torch.library.custom_op over CPU tensors, its schema `arguments` then the options'."""
+    schema = f"({arguments}, {_options.SCHEMA}) -> {returns}"
+    return torch.library.custom_op(f"sdpa::{name}", mutates_args=(), device_types="cpu", schema=schema)
 
 
-def _to_uint64(seed: int) -> int:
-    return seed + _TWO_64 if seed < 0 else seed
+def _core_options(flat) -> _core.Options:
+    return _options.to_core(_options.unflatten(flat))
 
 
 def _lse_dtype(query: torch.Tensor) -> torch.dtype:
@@ -64,37 +68,29 @@ def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x
 
 
-@torch.library.custom_op("sdpa::attention_forward", mutates_args=(), device_types="cpu")
-def attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                      causal: str, scale: Optional[float], dropout_p: float, seed: int, mask_name: str,
-                      window_left: int = -1, window_right: int = -1, alignment: str = "none",
-                      alibi_slopes: Optional[torch.Tensor] = None,
-                      softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+@_op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, str mask_name",
+     "(Tensor, Tensor)")
+def attention_forward(query, key, value, mask, alibi_slopes, mask_name, *options):
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.forward(_readable(query), _readable(key), _readable(value), _readable(mask), out, None, lse, causal, scale,
-                  dropout_p, _to_uint64(seed), 0, 0, "automatic", mask_name, window_left, window_right, alignment,
-                  _readable(alibi_slopes), softcap)
+    _core.forward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes), out,
+                  None, lse, _core_options(options), mask_name)
     return out, lse
 
 
 @attention_forward.register_fake
-def _(query, key, value, mask, causal, scale, dropout_p, seed, mask_name, window_left=-1, window_right=-1,
-      alignment="none", alibi_slopes=None, softcap=0.0):
+def _(query, key, value, mask, alibi_slopes, mask_name, *options):
     rows = tuple(query.shape[:-1])
     return (query.new_empty(rows + tuple(value.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query)))
 
 
-@torch.library.custom_op("sdpa::attention_backward", mutates_args=(), device_types="cpu")
-def attention_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       mask: Optional[torch.Tensor], output: torch.Tensor, lse: torch.Tensor, causal: str,
-                       scale: Optional[float], dropout_p: float, seed: int, mask_gradient: bool, mask_name: str,
-                       window_left: int = -1, window_right: int = -1, alignment: str = "none",
-                       alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
-                       grad_lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                         torch.Tensor]:
+@_op("attention_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor? mask, "
+     "Tensor? alibi_slopes, Tensor output, Tensor lse, Tensor? grad_lse, bool mask_gradient, str mask_name",
+     "(Tensor, Tensor, Tensor, Tensor)")
+def attention_backward(grad_output, query, key, value, mask, alibi_slopes, output, lse, grad_lse, mask_gradient,
+                       mask_name, *options):
     """(dq, dk, dv, dmask) of one attention call; dmask is empty unless `mask_gradient`.
     `grad_lse`, when the loss used the returned lse too, is its gradient."""
     dq = torch.empty(query.shape, dtype=query.dtype)
@@ -103,44 +99,37 @@ def attention_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torc
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if mask_gradient else torch.empty(0, dtype=query.dtype)
     # autograd hands over dO in whatever dtype the output had; the library wants the query's.
     grad_output = _readable(grad_output).to(query.dtype)
-    _core.backward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(output),
-                   _readable(lse), grad_output, dq, dk, dv, dmask if mask_gradient else None, causal, scale,
-                   dropout_p, _to_uint64(seed), 0, 0, "automatic", mask_name, window_left, window_right, alignment,
-                   _readable(alibi_slopes), softcap, _lse_gradient(grad_lse, lse))
+    _core.backward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes),
+                   _readable(output), _readable(lse), grad_output, _lse_gradient(grad_lse, lse), dq, dk, dv,
+                   dmask if mask_gradient else None, _core_options(options), mask_name)
     return dq, dk, dv, dmask
 
 
 @attention_backward.register_fake
-def _(grad_output, query, key, value, mask, output, lse, causal, scale, dropout_p, seed, mask_gradient, mask_name,
-      window_left=-1, window_right=-1, alignment="none", alibi_slopes=None, softcap=0.0, grad_lse=None):
+def _(grad_output, query, key, value, mask, alibi_slopes, output, lse, grad_lse, mask_gradient, mask_name, *options):
     dmask = mask.new_empty(mask.shape) if mask_gradient else query.new_empty(0)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
 
 
 def _setup_context(ctx, inputs, output):
-    (query, key, value, mask, causal, scale, dropout_p, seed, mask_name, window_left, window_right, alignment,
-     alibi_slopes, softcap) = inputs
+    query, key, value, mask, alibi_slopes, mask_name, *options = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, mask, out, lse, alibi_slopes)
-    ctx.options = (causal, scale, dropout_p, seed)
-    ctx.extras = (window_left, window_right, alignment, softcap)
+    ctx.save_for_backward(query, key, value, mask, alibi_slopes, out, lse)
     ctx.mask_name = mask_name
+    ctx.options = options
     # Unused outputs' gradients arrive as None (not zeros): no lse gradient costs nothing.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, grad_lse):
-    query, key, value, mask, out, lse, alibi_slopes = ctx.saved_tensors
-    causal, scale, dropout_p, seed = ctx.options
-    window_left, window_right, alignment, softcap = ctx.extras
+    query, key, value, mask, alibi_slopes, out, lse = ctx.saved_tensors
     mask_gradient = mask is not None and mask.dtype != torch.bool and ctx.needs_input_grad[3]
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv, dmask = attention_backward(grad_output, query, key, value, mask, out, lse, causal, scale, dropout_p,
-                                           seed, mask_gradient, ctx.mask_name, window_left, window_right, alignment,
-                                           alibi_slopes, softcap, grad_lse)
-    # The options, alibi_slopes included, get no gradient.
-    return (dq, dk, dv, (dmask if mask_gradient else None)) + (None,) * 10
+    dq, dk, dv, dmask = attention_backward(grad_output, query, key, value, mask, alibi_slopes, out, lse, grad_lse,
+                                           mask_gradient, ctx.mask_name, *ctx.options)
+    # alibi_slopes, the mask's name and the options get no gradient.
+    return (dq, dk, dv, (dmask if mask_gradient else None), None, None) + (None,) * len(ctx.options)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -154,11 +143,9 @@ def wanted(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention(query, key, value, mask, *, causal: str, scale, dropout_p: float, seed: int, mask_name: str,
-              extras=(-1, -1, "none", None, 0.0)):
-    """(output, lse) through the custom op; `extras` is (window_left, window_right,
-    alignment, alibi_slopes, softcap)."""
-    return attention_forward(query, key, value, mask, causal, scale, dropout_p, _to_int64(seed), mask_name, *extras)
+def attention(query, key, value, mask, alibi_slopes, options, *, mask_name: str):
+    """(output, lse) through the custom op; `options` an sdpa._options.Options."""
+    return attention_forward(query, key, value, mask, alibi_slopes, mask_name, *_options.flatten(options))
 
 
 # --- packed variable-length batches ------------------------------------------------------
@@ -167,36 +154,31 @@ def attention(query, key, value, mask, *, causal: str, scale, dropout_p: float, 
 # views are made at the call (transpose: strides only). Gradients come out in the layout of
 # a fresh (total, H, E) tensor, as the fake implementations say.
 
-@torch.library.custom_op("sdpa::varlen_forward", mutates_args=(), device_types="cpu")
-def varlen_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                   cu_seqlens_k: torch.Tensor, causal: str, scale: Optional[float], dropout_p: float, seed: int,
-                   window_left: int, window_right: int, alignment: str, alibi_slopes: Optional[torch.Tensor],
-                   softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+@_op("varlen_forward", "Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+     "Tensor? alibi_slopes", "(Tensor, Tensor)")
+def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options):
     """(output (total_q, Hq, Ev), lse (Hq, total_q)); see sdpa.varlen_attention."""
     total_q, heads = query.shape[0], query.shape[1]
     out = torch.empty((total_q, heads, value.shape[-1]), dtype=query.dtype)
     lse = torch.empty((heads, total_q), dtype=_lse_dtype(query))
     _core.forward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
                          _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                         out.transpose(0, 1), lse, causal, scale, dropout_p, _to_uint64(seed), 0, 0, "automatic",
-                         window_left, window_right, alignment, _readable(alibi_slopes), softcap)
+                         _readable(alibi_slopes), out.transpose(0, 1), lse, _core_options(options))
     return out, lse
 
 
 @varlen_forward.register_fake
-def _(query, key, value, cu_seqlens_q, cu_seqlens_k, causal, scale, dropout_p, seed, window_left, window_right,
-      alignment, alibi_slopes, softcap):
+def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options):
     total_q, heads = query.shape[0], query.shape[1]
     return (query.new_empty((total_q, heads, value.shape[-1])),
             query.new_empty((heads, total_q), dtype=_lse_dtype(query)))
 
 
-@torch.library.custom_op("sdpa::varlen_backward", mutates_args=(), device_types="cpu")
-def varlen_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, output: torch.Tensor, lse: torch.Tensor,
-                    causal: str, scale: Optional[float], dropout_p: float, seed: int, window_left: int,
-                    window_right: int, alignment: str, alibi_slopes: Optional[torch.Tensor], softcap: float,
-                    grad_lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@_op("varlen_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
+     "Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor output, Tensor lse, Tensor? grad_lse",
+     "(Tensor, Tensor, Tensor)")
+def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, output, lse, grad_lse,
+                    *options):
     """(dq, dk, dv) of one varlen call, each the shape of what it is the gradient of; `grad_lse`
     as in attention_backward."""
     dq = torch.empty(query.shape, dtype=query.dtype)
@@ -205,55 +187,47 @@ def varlen_backward(grad_output: torch.Tensor, query: torch.Tensor, key: torch.T
     grad_output = _readable(grad_output).to(query.dtype)
     _core.backward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
                           _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                          _readable(output).transpose(0, 1), _readable(lse), grad_output.transpose(0, 1),
-                          dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1), causal, scale, dropout_p,
-                          _to_uint64(seed), 0, 0, "automatic", window_left, window_right, alignment,
-                          _readable(alibi_slopes), softcap, _lse_gradient(grad_lse, lse))
+                          _readable(alibi_slopes), _readable(output).transpose(0, 1), _readable(lse),
+                          grad_output.transpose(0, 1), _lse_gradient(grad_lse, lse), dq.transpose(0, 1),
+                          dk.transpose(0, 1), dv.transpose(0, 1), _core_options(options))
     return dq, dk, dv
 
 
 @varlen_backward.register_fake
-def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, output, lse, causal, scale, dropout_p, seed,
-      window_left, window_right, alignment, alibi_slopes, softcap, grad_lse=None):
+def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, output, lse, grad_lse, *options):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    (query, key, value, cu_seqlens_q, cu_seqlens_k, causal, scale, dropout_p, seed, window_left, window_right,
-     alignment, alibi_slopes, softcap) = inputs
+    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes)
-    ctx.options = (causal, scale, dropout_p, seed, window_left, window_right, alignment)
-    ctx.softcap = softcap
+    ctx.save_for_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse)
+    ctx.options = options
     ctx.set_materialize_grads(False)  # as attention_forward's
 
 
 def _varlen_backward(ctx, grad_output, grad_lse):
-    query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes = ctx.saved_tensors
+    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse = ctx.saved_tensors
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse, *ctx.options,
-                                 alibi_slopes, ctx.softcap, grad_lse)
-    return (dq, dk, dv) + (None,) * 11
+    dq, dk, dv = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse,
+                                 grad_lse, *ctx.options)
+    return (dq, dk, dv, None, None, None) + (None,) * len(ctx.options)
 
 
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
-def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal: str, scale, dropout_p: float, seed: int,
-           extras):
-    """(output, lse) through the varlen custom op; `extras` as attention's."""
-    return varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, causal, scale, dropout_p, _to_int64(seed),
-                          *extras)
+def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
+    """(output, lse) through the varlen custom op; `options` an sdpa._options.Options."""
+    return varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *_options.flatten(options))
 
 
 # --- paged KV cache (forward only) -----------------------------------------------------------
 
-@torch.library.custom_op("sdpa::paged_forward", mutates_args=(), device_types="cpu")
-def paged_forward(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor,
-                  block_table: torch.Tensor, seq_lens: torch.Tensor, nhd: bool, causal: str, scale: Optional[float],
-                  window_left: int, window_right: int, alignment: str, alibi_slopes: Optional[torch.Tensor],
-                  softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+@_op("paged_forward", "Tensor query, Tensor key_pages, Tensor value_pages, Tensor block_table, Tensor seq_lens, "
+     "Tensor? alibi_slopes, bool nhd", "(Tensor, Tensor)")
+def paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *options):
     """(output (batch, Hq, L, Ev), lse (batch, Hq, L)); see sdpa.paged_attention. `nhd`: the
     pages are (pages, page_size, Hkv, E)."""
     key_pages, value_pages = _readable(key_pages), _readable(value_pages)
@@ -262,19 +236,17 @@ def paged_forward(query: torch.Tensor, key_pages: torch.Tensor, value_pages: tor
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value_pages.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.forward_paged(_readable(query), key_pages, value_pages, _readable(block_table), _readable(seq_lens), out,
-                        lse, causal, scale, 0, "automatic", window_left, window_right, alignment,
-                        _readable(alibi_slopes), softcap)
+    _core.forward_paged(_readable(query), key_pages, value_pages, _readable(block_table), _readable(seq_lens),
+                        _readable(alibi_slopes), out, lse, _core_options(options))
     return out, lse
 
 
 @paged_forward.register_fake
-def _(query, key_pages, value_pages, block_table, seq_lens, nhd, causal, scale, window_left, window_right,
-      alignment, alibi_slopes, softcap):
+def _(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *options):
     rows = tuple(query.shape[:-1])
     return query.new_empty(rows + tuple(value_pages.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query))
 
 
-def paged(query, key_pages, value_pages, block_table, seq_lens, *, nhd: bool, causal: str, scale, extras):
-    """(output, lse) through the paged custom op (torch.compile)."""
-    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, nhd, causal, scale, *extras)
+def paged(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, options, *, nhd: bool):
+    """(output, lse) through the paged custom op (torch.compile); `options` an sdpa._options.Options."""
+    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *_options.flatten(options))

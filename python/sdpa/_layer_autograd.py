@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from . import _autograd
+from ._api import _options
 
 
 def parameters(core) -> dict:
@@ -77,10 +78,11 @@ def layer_formula(params: dict, config: dict, rope, *, causal: str, dropout_p: f
     in the C++ layer's terms (batch first, mask in sdpa's polarity); `rope` is (base, layout,
     rotary_dim) or None. No KV cache: the caller refuses one."""
     heads_q, heads_kv, head_dim = config["num_heads"], config["num_kv_heads"], config["head_dim"]
-    window_left, window_right = config["window_size"]
     slopes = torch.tensor(config["alibi_slopes"], dtype=torch.float64) if config["alibi_slopes"] else None
-    # alignment "none": the library's default, as the C++ layer leaves it.
-    extras = (window_left, window_right, "none", slopes, config["softcap"])
+    # The options the C++ layer passes to sdpa::forward (no alignment: the library's default,
+    # as the C++ layer leaves it).
+    options = _options(None, causal=None if causal == "none" else causal, dropout_p=dropout_p, seed=seed,
+                       window_size=config["window_size"], softcap=config["softcap"])
 
     def heads(x, projection, count):  # (B, T, width) -> (B, count, T, D)
         y = F.linear(x, params[projection + ".weight"], params.get(projection + ".bias"))
@@ -94,8 +96,8 @@ def layer_formula(params: dict, config: dict, rope, *, causal: str, dropout_p: f
         q, k, v = heads(query, "q_proj", heads_q), heads(key, "k_proj", heads_kv), heads(value, "v_proj", heads_kv)
         if rope is not None:
             q, k = _rope(q, position_offset, *rope), _rope(k, position_offset, *rope)
-        attended, _ = _autograd.attention(q, k, v, _merged_mask(mask, key_padding_mask), causal=causal, scale=None,
-                                          dropout_p=dropout_p, seed=seed, mask_name="attn_mask", extras=extras)
+        attended, _ = _autograd.attention(q, k, v, _merged_mask(mask, key_padding_mask), slopes, options,
+                                          mask_name="attn_mask")
         y = F.linear(attended.transpose(1, 2).flatten(2), params["out_proj.weight"], params.get("out_proj.bias"))
         return y if batched else y[0]
 

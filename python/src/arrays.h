@@ -59,11 +59,4 @@ sdpa::TensorView view_over(const Array& a, sdpa::DType dtype) {
   return view;
 }
 
-inline sdpa::Causal causal_of(const std::string& causal) {
-  if (causal == "none") return sdpa::Causal::none;
-  if (causal == "top_left") return sdpa::Causal::top_left;
-  if (causal == "bottom_right") return sdpa::Causal::bottom_right;
-  throw nb::value_error(("causal: expected None, 'top_left' or 'bottom_right', got '" + causal + "'").c_str());
-}
-
 }  // namespace sdpa_python

@@ -15,19 +15,20 @@ namespace sdpa_python {
 
 namespace nb = nanobind;
 
-// The library names its arguments as C++ sees them; Python users know them by the names of
-// the Python function they called. Only the leading "<argument>:" changes: a struct prefix
-// goes (options.scale → scale, sequences.cu_seqlens_q → cu_seqlens_q, cache.block_table →
-// block_table, call.num_threads → num_threads), the window's two sides are window_size's
-// two entries, and `renames` maps the rest for one call (mask → attn_mask, output → out).
+// The library names an argument as its C++ caller wrote it: a parameter by its name
+// (query, cu_seqlens_q), a scalar field of a struct by "<struct>.<field>" (options.scale,
+// config.softcap, call.num_threads). Python's keywords are those names, so the one rule is
+// that the struct prefix goes (docs/architecture.md, "How errors name an argument"). The
+// exceptions are the arguments Python spells differently: window_size's two entries for the
+// window's two sides, block_table for the blocks_per_sequence the binding derives from it,
+// and `renames` for one call (mask → attn_mask, output → out).
 using Renames = std::vector<std::pair<std::string, std::string>>;
 
 inline std::string python_name(const std::string& argument, const Renames& renames) {
   std::string name = argument;
-  for (const char* prefix : {"options.", "sequences.", "cache.", "inputs.", "outputs.", "config.", "call."}) {
-    const std::string p = prefix;
-    if (name.rfind(p, 0) == 0) {
-      name = name.substr(p.size());
+  for (const std::string prefix : {"options.", "config.", "call."}) {
+    if (name.rfind(prefix, 0) == 0) {
+      name = name.substr(prefix.size());
       break;
     }
   }

@@ -17,6 +17,7 @@
 
 #include "arrays.h"
 #include "errors.h"
+#include "options.h"
 #include "sdpa/sdpa.h"
 
 namespace nb = nanobind;
@@ -71,41 +72,12 @@ sdpa::TensorView view_of(const Array& a, const std::string& name, bool is_mask =
   return sdpa_python::view_over(a, dtype_of(a.dtype(), name, is_mask));
 }
 
-sdpa::Backend backend_of(const std::string& backend) {
-  if (backend == "automatic") return sdpa::Backend::automatic;
-  if (backend == "reference") return sdpa::Backend::reference;
-  if (backend == "cpu") return sdpa::Backend::cpu;
-  throw nb::value_error(("backend: expected 'automatic', 'reference' or 'cpu', got '" + backend + "'").c_str());
-}
-
-std::optional<sdpa::Alignment> alignment_of(const std::string& alignment) {
-  if (alignment == "none") return std::nullopt;
-  if (alignment == "top_left") return sdpa::Alignment::top_left;
-  if (alignment == "bottom_right") return sdpa::Alignment::bottom_right;
-  throw nb::value_error(("alignment: expected None, 'top_left' or 'bottom_right', got '" + alignment + "'").c_str());
-}
-
-// The options of one call: those forward and backward share (the mask is each call's own,
-// and varlen and paged calls have none), then those beyond PyTorch's SDPA (issue #7).
-// `alignment` "none" leaves it unset: the library's default.
-sdpa::Options options_of(const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-                         std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
-                         std::int64_t window_right, const std::string& alignment,
-                         const std::optional<Input>& alibi_slopes, double softcap) {
-  sdpa::Options options;
-  options.causal = sdpa_python::causal_of(causal);
-  options.scale = scale;
-  options.dropout_p = dropout_p;
-  options.seed = seed;
-  options.offset = offset;
-  options.num_threads = num_threads;
-  options.backend = backend_of(backend);
-  options.window_left = window_left;
-  options.window_right = window_right;
-  options.alignment = alignment_of(alignment);
-  if (alibi_slopes) options.alibi_slopes = view_of(*alibi_slopes, "alibi_slopes");
-  options.softcap = softcap;
-  return options;
+// The call's options: the bound sdpa._core.Options (options.cpp), with the ALiBi slopes, a
+// tensor, laid over the caller's memory like the other tensors.
+sdpa::Options with_slopes(const sdpa::Options& options, const std::optional<Input>& alibi_slopes) {
+  sdpa::Options call = options;
+  if (alibi_slopes) call.alibi_slopes = view_of(*alibi_slopes, "alibi_slopes");
+  return call;
 }
 
 // An integer table the library takes as std::vector (cu_seqlens, block_table, seq_lens):
@@ -163,13 +135,9 @@ void remember(const void* query, const void* key, const void* value, const sdpa:
 }
 
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-             const Output& output, const std::optional<Output>& weights, const std::optional<Output>& lse,
-             const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-             std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name,
-             std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
-             const std::optional<Input>& alibi_slopes, double softcap) {
-  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
-                                     window_right, alignment, alibi_slopes, softcap);
+             const std::optional<Input>& alibi_slopes, const Output& output, const std::optional<Output>& weights,
+             const std::optional<Output>& lse, const sdpa::Options& call_options, const std::string& mask_name) {
+  sdpa::Options options = with_slopes(call_options, alibi_slopes);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
@@ -190,17 +158,13 @@ void forward(const Input& query, const Input& key, const Input& value, const std
 // The gradients of one forward call (sdpa::backward) into buffers the Python side
 // allocated: what sdpa's torch autograd (sdpa/_autograd.py) calls.
 void backward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-              const Input& output, const Input& lse, const Input& grad_output, const Output& grad_query,
-              const Output& grad_key, const Output& grad_value, const std::optional<Output>& grad_mask,
-              const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-              std::uint64_t offset, int num_threads, const std::string& backend, const std::string& mask_name,
-              std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
-              const std::optional<Input>& alibi_slopes, double softcap, const std::optional<Input>& grad_lse) {
-  sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
-                                     window_right, alignment, alibi_slopes, softcap);
-  sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
-                              view_of(value, "value"), view_of(output, "output"),
-                              view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+              const std::optional<Input>& alibi_slopes, const Input& output, const Input& lse, const Input& grad_output,
+              const std::optional<Input>& grad_lse, const Output& grad_query, const Output& grad_key,
+              const Output& grad_value, const std::optional<Output>& grad_mask, const sdpa::Options& call_options,
+              const std::string& mask_name) {
+  sdpa::Options options = with_slopes(call_options, alibi_slopes);
+  sdpa::BackwardInputs inputs{view_of(query, "query"),   view_of(key, "key"), view_of(value, "value"),
+                              view_of(output, "output"), view_of(lse, "lse"), view_of(grad_output, "grad_output")};
   if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
@@ -218,13 +182,9 @@ void backward(const Input& query, const Input& key, const Input& value, const st
 // library's (H, total, E) form; the Python side passes FlashAttention's (total, H, E)
 // buffers as transposed views, so nothing is copied.
 void forward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                    const Input& cu_seqlens_k, const Output& output, const std::optional<Output>& lse,
-                    const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-                    std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
-                    std::int64_t window_right, const std::string& alignment, const std::optional<Input>& alibi_slopes,
-                    double softcap) {
-  const sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
-                                           window_right, alignment, alibi_slopes, softcap);
+                    const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const Output& output,
+                    const std::optional<Output>& lse, const sdpa::Options& call_options) {
+  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
@@ -241,19 +201,15 @@ void forward_varlen(const Input& query, const Input& key, const Input& value, co
 }
 
 void backward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                     const Input& cu_seqlens_k, const Input& output, const Input& lse, const Input& grad_output,
+                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const Input& output,
+                     const Input& lse, const Input& grad_output, const std::optional<Input>& grad_lse,
                      const Output& grad_query, const Output& grad_key, const Output& grad_value,
-                     const std::string& causal, std::optional<double> scale, double dropout_p, std::uint64_t seed,
-                     std::uint64_t offset, int num_threads, const std::string& backend, std::int64_t window_left,
-                     std::int64_t window_right, const std::string& alignment, const std::optional<Input>& alibi_slopes,
-                     double softcap, const std::optional<Input>& grad_lse) {
-  const sdpa::Options options = options_of(causal, scale, dropout_p, seed, offset, num_threads, backend, window_left,
-                                           window_right, alignment, alibi_slopes, softcap);
+                     const sdpa::Options& call_options) {
+  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
-  sdpa::BackwardInputs inputs{view_of(query, "query"), view_of(key, "key"),
-                              view_of(value, "value"), view_of(output, "output"),
-                              view_of(lse, "lse"),     view_of(grad_output, "grad_output")};
+  sdpa::BackwardInputs inputs{view_of(query, "query"),   view_of(key, "key"), view_of(value, "value"),
+                              view_of(output, "output"), view_of(lse, "lse"), view_of(grad_output, "grad_output")};
   if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
   const sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
                                       view_of(grad_value, "grad_value"), std::nullopt};
@@ -268,12 +224,9 @@ void backward_varlen(const Input& query, const Input& key, const Input& value, c
 // Attention against a paged KV cache (sdpa::forward_paged). The pages arrive as
 // (pages, Hkv, page_size, E) views; FlashInfer's NHD buffers are passed transposed.
 void forward_paged(const Input& query, const Input& key_pages, const Input& value_pages, const Input& block_table,
-                   const Input& seq_lens, const Output& output, const std::optional<Output>& lse,
-                   const std::string& causal, std::optional<double> scale, int num_threads, const std::string& backend,
-                   std::int64_t window_left, std::int64_t window_right, const std::string& alignment,
-                   const std::optional<Input>& alibi_slopes, double softcap) {
-  const sdpa::Options options = options_of(causal, scale, 0.0, 0, 0, num_threads, backend, window_left, window_right,
-                                           alignment, alibi_slopes, softcap);
+                   const Input& seq_lens, const std::optional<Input>& alibi_slopes, const Output& output,
+                   const std::optional<Output>& lse, const sdpa::Options& call_options) {
+  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
   sdpa::PagedKV cache;
   cache.key_pages = view_of(key_pages, "key_pages");
   cache.value_pages = view_of(value_pages, "value_pages");
@@ -307,51 +260,31 @@ NB_MODULE(_core, m) {
     }
   });
 
-  // noconvert: an array nanobind would have to convert (copy) is refused rather than
-  // copied, so the library always sees the caller's memory and writes into the caller's
-  // output buffers, never into a temporary.
-  m.def("forward", &forward, nb::arg("query").noconvert(), nb::arg("key").noconvert(), nb::arg("value").noconvert(),
-        nb::arg("mask").noconvert().none(), nb::arg("output").noconvert(), nb::arg("weights").noconvert().none(),
-        nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"),
-        nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"), nb::arg("backend"), nb::arg("mask_name"),
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alignment") = "none",
-        nb::arg("alibi_slopes").noconvert().none() = nb::none(), nb::arg("softcap") = 0.0,
+  sdpa_python::register_options(m);
+
+  // Every function takes the call's tensors, then one sdpa._core.Options. noconvert: an
+  // array nanobind would have to convert (copy) is refused rather than copied, so the
+  // library always sees the caller's memory and writes into the caller's output buffers,
+  // never into a temporary.
+  const auto in = [](const char* name) { return nb::arg(name).noconvert(); };
+  const auto maybe = [](const char* name) { return nb::arg(name).noconvert().none(); };
+  m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), in("output"),
+        maybe("weights"), maybe("lse"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Computes attention into the given output buffers (see sdpa.attention).");
-
-  m.def("backward", &backward, nb::arg("query").noconvert(), nb::arg("key").noconvert(), nb::arg("value").noconvert(),
-        nb::arg("mask").noconvert().none(), nb::arg("output").noconvert(), nb::arg("lse").noconvert(),
-        nb::arg("grad_output").noconvert(), nb::arg("grad_query").noconvert(), nb::arg("grad_key").noconvert(),
-        nb::arg("grad_value").noconvert(), nb::arg("grad_mask").noconvert().none(), nb::arg("causal"),
-        nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"),
-        nb::arg("backend"), nb::arg("mask_name"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        nb::arg("alignment") = "none", nb::arg("alibi_slopes").noconvert().none() = nb::none(),
-        nb::arg("softcap") = 0.0, nb::arg("grad_lse").noconvert().none() = nb::none(),
+  m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), in("output"),
+        in("lse"), in("grad_output"), maybe("grad_lse"), in("grad_query"), in("grad_key"), in("grad_value"),
+        maybe("grad_mask"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
-
-  m.def("forward_varlen", &forward_varlen, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
-        nb::arg("value").noconvert(), nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(),
-        nb::arg("output").noconvert(), nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(),
-        nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("num_threads"), nb::arg("backend"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("alignment"),
-        nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+  m.def("forward_varlen", &forward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"), in("cu_seqlens_k"),
+        maybe("alibi_slopes"), in("output"), maybe("lse"), nb::arg("options"),
         "Packed variable-length attention, tensors (H, total, E), into the given buffers (see "
         "sdpa.varlen_attention).");
-
-  m.def("backward_varlen", &backward_varlen, nb::arg("query").noconvert(), nb::arg("key").noconvert(),
-        nb::arg("value").noconvert(), nb::arg("cu_seqlens_q").noconvert(), nb::arg("cu_seqlens_k").noconvert(),
-        nb::arg("output").noconvert(), nb::arg("lse").noconvert(), nb::arg("grad_output").noconvert(),
-        nb::arg("grad_query").noconvert(), nb::arg("grad_key").noconvert(), nb::arg("grad_value").noconvert(),
-        nb::arg("causal"), nb::arg("scale").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-        nb::arg("num_threads"), nb::arg("backend"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("alignment"), nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
-        nb::arg("grad_lse").noconvert().none() = nb::none(),
+  m.def("backward_varlen", &backward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"),
+        in("cu_seqlens_k"), maybe("alibi_slopes"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"),
+        in("grad_query"), in("grad_key"), in("grad_value"), nb::arg("options"),
         "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
-
-  m.def("forward_paged", &forward_paged, nb::arg("query").noconvert(), nb::arg("key_pages").noconvert(),
-        nb::arg("value_pages").noconvert(), nb::arg("block_table").noconvert(), nb::arg("seq_lens").noconvert(),
-        nb::arg("output").noconvert(), nb::arg("lse").noconvert().none(), nb::arg("causal"), nb::arg("scale").none(),
-        nb::arg("num_threads"), nb::arg("backend"), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("alignment"), nb::arg("alibi_slopes").noconvert().none(), nb::arg("softcap"),
+  m.def("forward_paged", &forward_paged, in("query"), in("key_pages"), in("value_pages"), in("block_table"),
+        in("seq_lens"), maybe("alibi_slopes"), in("output"), maybe("lse"), nb::arg("options"),
         "Attention against a paged KV cache, pages (pages, Hkv, page_size, E), into the given buffers (see "
         "sdpa.paged_attention).");
 

@@ -19,6 +19,7 @@
 
 #include "arrays.h"
 #include "errors.h"
+#include "options.h"
 #include "sdpa/nn.h"
 #include "sdpa/sdpa.h"
 
@@ -102,14 +103,11 @@ sdpa::DType layer_dtype(const std::string& name) {
   throw nb::type_error(("dtype: expected 'float32' or 'float64', got '" + name + "'").c_str());
 }
 
-sdpa::nn::MultiHeadAttentionConfig make_config(std::int64_t embed_dim, std::int64_t num_heads,
-                                               std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim,
-                                               std::int64_t vdim, bool bias, double dropout,
-                                               std::optional<double> rope_base, const std::string& rope_layout,
-                                               std::int64_t rotary_dim, const std::string& dtype,
-                                               const std::string& init, std::uint64_t seed, std::int64_t window_left,
-                                               std::int64_t window_right, const std::vector<double>& alibi_slopes,
-                                               double softcap) {
+sdpa::nn::MultiHeadAttentionConfig make_config(
+    std::int64_t embed_dim, std::int64_t num_heads, std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim,
+    std::int64_t vdim, bool bias, double dropout, std::optional<double> rope_base, const std::string& rope_layout,
+    std::int64_t rotary_dim, const std::string& dtype, const std::string& init, std::uint64_t seed,
+    std::int64_t window_left, std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap) {
   sdpa::nn::MultiHeadAttentionConfig c;
   c.embed_dim = embed_dim;
   c.num_heads = num_heads;
@@ -192,10 +190,9 @@ void register_nn(nb::module_& m) {
              double dropout, std::optional<double> rope_base, const std::string& rope_layout, std::int64_t rotary_dim,
              const std::string& dtype, const std::string& init, std::uint64_t seed, std::int64_t window_left,
              std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap) {
-            new (self) sdpa::nn::MultiHeadAttention(make_config(embed_dim, num_heads, num_kv_heads, head_dim, kdim,
-                                                                vdim, bias, dropout, rope_base, rope_layout, rotary_dim,
-                                                                dtype, init, seed, window_left, window_right,
-                                                                alibi_slopes, softcap));
+            new (self) sdpa::nn::MultiHeadAttention(make_config(
+                embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias, dropout, rope_base, rope_layout,
+                rotary_dim, dtype, init, seed, window_left, window_right, alibi_slopes, softcap));
           },
           nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("kdim"),
           nb::arg("vdim"), nb::arg("bias"), nb::arg("dropout"), nb::arg("rope_base").none(), nb::arg("rope_layout"),

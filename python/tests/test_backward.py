@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import oracle
 import sdpa
 from conftest import examples
-from sdpa import _autograd
+from sdpa import _autograd, _options
 from test_conformance import configs, effective_gqa, make_inputs
 
 F64 = torch.float64
@@ -315,13 +315,16 @@ def test_bitwise_deterministic_gradients():
 def test_opcheck_forward_and_backward_ops():
     q, k, v = (torch.randn(2, 4, 7, 8, requires_grad=True) for _ in range(3))
     mask = torch.randn(7, 7, requires_grad=True)
-    torch.library.opcheck(_autograd.attention_forward, (q, k, v, mask, "top_left", None, 0.0, 0, "mask"))
-    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, "none", 0.5, 0.3, -5, "mask"))
+    causal = _options.flatten(_options.Options(causal="top_left"))
+    dropout = _options.flatten(_options.Options(scale=0.5, dropout_p=0.3, seed=2**64 - 5))
+    torch.library.opcheck(_autograd.attention_forward, (q, k, v, mask, None, "mask") + causal)
+    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, None, "mask") + dropout)
+    plain = _options.flatten(_options.Options())
     with torch.no_grad():
-        out, lse = _autograd.attention_forward(q, k, v, mask, "none", None, 0.0, 0, "mask")
+        out, lse = _autograd.attention_forward(q, k, v, mask, None, "mask", *plain)
     dout = torch.randn_like(out)
     torch.library.opcheck(_autograd.attention_backward,
-                          (dout, q, k, v, mask, out, lse, "none", None, 0.0, 0, True, "mask"),
+                          (dout, q, k, v, mask, None, out, lse, None, True, "mask") + plain,
                           test_utils=("test_schema", "test_faketensor"))
 
 

@@ -203,7 +203,7 @@ def check_dropout(rng):
     files = {"q": save("e_q.npy", q), "k": save("e_k.npy", k), "v": save("e_v.npy", v)}
     outs = []
     for tag, backend in (("1", "cpu"), ("2", "cpu"), ("3", "reference")):
-        proc = sdpa("run", "--query", files["q"], "--key", files["k"], "--value", files["v"], "--dropout", "0.3",
+        proc = sdpa("run", "--query", files["q"], "--key", files["k"], "--value", files["v"], "--dropout-p", "0.3",
                     "--seed", "7", "--offset", "3", "--backend", backend, "--out", path(f"e_o{tag}.npy"),
                     "--weights", path(f"e_w{tag}.npy"))
         if proc.returncode != 0:
@@ -263,8 +263,8 @@ def check_bad_arguments(rng):
     cases = {
         "gqa_heads_not_dividing": ["--query", q, "--key", k, "--value", v],
         "bad_causal_value": ["--query", q, "--key", k, "--value", v, "--causal", "sideways"],
-        "dropout_out_of_range": ["--query", q2, "--key", k, "--value", v, "--dropout", "1.5"],
-        "negative_seed_not_wrapped": ["--query", q2, "--key", k, "--value", v, "--dropout", "0.5", "--seed", "-1"],
+        "dropout_out_of_range": ["--query", q2, "--key", k, "--value", v, "--dropout-p", "1.5"],
+        "negative_seed_not_wrapped": ["--query", q2, "--key", k, "--value", v, "--dropout-p", "0.5", "--seed", "-1"],
         "mask_not_broadcastable": ["--query", q2, "--key", k, "--value", v, "--mask",
                                    save("x_mask.npy", np.ones((3, 5, 4), dtype=bool))],
     }
@@ -477,7 +477,7 @@ def check_varlen_and_paged_dropout(rng):
         k[b, :, :seq_k[b]] = randn(rng, Hkv, seq_k[b], E)
         v[b, :, :seq_k[b]] = randn(rng, Hkv, seq_k[b], E)
         mask[b, ..., :seq_k[b]] = True
-    dropout = ["--dropout", 0.4, "--seed", 11, "--offset", 5]
+    dropout = ["--dropout-p", 0.4, "--seed", 11, "--offset", 5]
     proc = sdpa("run", "--query", save("k_q.npy", q), "--key", save("k_k.npy", k), "--value", save("k_v.npy", v),
                 "--mask", save("k_mask.npy", mask), "--out", path("k_dense.npy"), *dropout)
     if proc.returncode != 0:
@@ -589,6 +589,25 @@ def check_issue7_errors(rng):
         expect_usage_error(f"issue7_error_{name}", args, flag, [out, lse, path("y_w.npy")])
 
 
+def check_option_errors_name_the_flag(rng):
+    # The library names an Options field ("options.dropout_p"); the CLI names the flag by one
+    # rule ("--" and the field, '_' -> '-'), with the library's message after it. The
+    # backend's values are the library's names ("automatic", not "auto").
+    q, k, v = (save(f"z_{n}.npy", randn(rng, 1, 2, 4, 8)) for n in "qkv")
+    out = path("z_out.npy")
+    files = ["--query", q, "--key", k, "--value", v, "--out", out]
+    cases = [
+        ("dropout_p_one", [*files, "--dropout-p", "1"], "--dropout-p: expected a probability in [0, 1)"),
+        ("scale_beyond_float32", [*files, "--scale", "1e39"], "--scale: expected a number finite in float32"),
+        ("window_left_below_minus_one", [*files, "--window-left", "-3"], "--window-left: expected >= 0"),
+        ("backend_auto_is_not_a_name", [*files, "--backend", "auto"], "--backend"),
+    ]
+    for name, args, message in cases:
+        expect_usage_error(f"option_error_{name}", args, message, [out])
+    q, k, v = randn(rng, 1, 2, 3, 4), randn(rng, 1, 2, 5, 4), randn(rng, 1, 2, 5, 4)
+    run_and_compare("z_backend_automatic", q, k, v, attention(q, k, v), 1e-5, ["--backend", "automatic"])
+
+
 def check_run_help_documents_issue7_flags():
     proc = sdpa("run", "--help")
     flags = ["--window-left", "--window-right", "--alignment", "--softcap", "--alibi-slopes", "--cu-seqlens-q",
@@ -626,6 +645,7 @@ CHECKS = [
     check_paged,
     check_varlen_and_paged_dropout,
     check_issue7_errors,
+    check_option_errors_name_the_flag,
     check_run_help_documents_issue7_flags,
     check_check_command,
     check_info_and_version,

@@ -332,8 +332,8 @@ RUN_FLAGS = [
     ("--scale", ""), ("--scale", "abc"), ("--scale", "1e400"), ("--scale", "nan"), ("--scale", "1e39"),
     ("--window-left", ""), ("--window-left", "2.5"), ("--window-left", "9223372036854775808"),
     ("--window-right", ""), ("--softcap", ""), ("--softcap", "inf"),
-    ("--dropout", ""), ("--dropout", "0.5x"), ("--dropout", "1"),
-    ("--threads", ""), ("--threads", "-1"), ("--threads", "100000"),
+    ("--dropout-p", ""), ("--dropout-p", "0.5x"), ("--dropout-p", "1"),
+    ("--num-threads", ""), ("--num-threads", "-1"), ("--num-threads", "100000"),
     ("--seed", ""), ("--seed", "18446744073709551616"), ("--seed", "-5"),
     ("--offset", ""), ("--offset", "-1"),
 ]
@@ -357,8 +357,8 @@ def test_run_numeric_flag_is_checked(tmp_path, inputs, flag, value):
     (["check", "--cases", ""], "--cases"),
     (["bench", "--repeats", "0"], "--repeats"),  # before: a segfault on an empty vector
     (["bench", "--repeats", "-2"], "--repeats"),
-    (["bench", "--threads", "100000"], "--threads"),  # before: a crash in the probes
-    (["bench", "--threads", ""], "--threads"),
+    (["bench", "--num-threads", "100000"], "--num-threads"),  # before: a crash in the probes
+    (["bench", "--num-threads", ""], "--num-threads"),
     (["viz", "-w", "w.npy", "-o", "w.png", "--vmin", ""], "--vmin"),
     (["viz", "-w", "w.npy", "-o", "w.png", "--index", "-1"], "--index"),
 ])
@@ -371,7 +371,7 @@ def test_other_numeric_flags_are_checked(tmp_path, args, flag):
 
 def dropout_output(tmp_path, paths, seed):
     out = tmp_path / "dropout.npy"
-    proc = sdpa(*run_args(paths), "-o", out, "--dropout", "0.5", "--seed", seed)
+    proc = sdpa(*run_args(paths), "-o", out, "--dropout-p", "0.5", "--seed", seed)
     assert proc.returncode == 0, proc.stderr
     return np.load(out)
 
