@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "api/resolve_options.h"
 #include "common/philox.h"
 #include "io/safetensors.h"
 #include "nn/linear.h"
@@ -53,6 +54,37 @@ Tensor slice_rows(const Tensor& t, std::int64_t begin, std::int64_t count) {
   return out;
 }
 
+// The options the layer hands sdpa::forward, but the tensors (mask, ALiBi slopes): the
+// config's window and softcap, dropout in training calls, the call's threads.
+Options attention_options(const MultiHeadAttentionConfig& c, const AttentionCall& call) {
+  Options options;
+  options.causal = call.causal;
+  options.dropout_p = call.training ? c.dropout : 0.0;
+  options.seed = call.dropout_seed;
+  options.offset = call.dropout_offset;
+  options.num_threads = call.num_threads;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  return options;
+}
+
+// The library's own check of those options (sdpa::detail::check_options), so that the layer
+// refuses what sdpa::forward would, in the same words, before any work. Its errors name the
+// field where the layer's caller set it: options.<field> becomes <owner>.<field> ("config"
+// or "call"), dropout_p the config's dropout.
+void check_attention_options(const Options& options, DType dtype, const std::string& owner) {
+  try {
+    sdpa::detail::check_options(options, dtype);
+  } catch (const Error& error) {
+    const std::string& argument = error.argument();
+    std::string field = argument.substr(argument.find('.') + 1);
+    if (field == "dropout_p") field = "dropout";
+    const std::string what = error.what();
+    throw Error(error.kind(), owner + "." + field, what.substr(std::min(what.size(), argument.size() + 2)));
+  }
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) : config_(config) {
@@ -79,8 +111,6 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   if (c.vdim == 0) c.vdim = c.embed_dim;
   if (c.kdim < 0) fail("config.kdim", "expected > 0, got " + std::to_string(c.kdim));
   if (c.vdim < 0) fail("config.vdim", "expected > 0, got " + std::to_string(c.vdim));
-  if (!(c.dropout >= 0 && c.dropout < 1))
-    fail("config.dropout", "expected 0 <= p < 1, got " + std::to_string(c.dropout));
   if (c.rope) {
     const std::int64_t rd = c.rope->rotary_dim == 0 ? c.head_dim : c.rope->rotary_dim;
     if (rd < 0 || rd % 2 != 0 || rd > c.head_dim) {
@@ -91,12 +121,10 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
       fail("config.rope.base", "expected a finite base > 0, got " + std::to_string(c.rope->base));
     }
   }
-  if (c.window_left < -1)
-    fail("config.window_left", "expected >= 0, or -1 for unbounded, got " + std::to_string(c.window_left));
-  if (c.window_right < -1)
-    fail("config.window_right", "expected >= 0, or -1 for unbounded, got " + std::to_string(c.window_right));
-  if (!(std::isfinite(c.softcap) && c.softcap >= 0))
-    fail("config.softcap", "expected a finite cap > 0, or 0 for none, got " + std::to_string(c.softcap));
+  // Dropout, window and softcap, as a training call passes them.
+  AttentionCall training;
+  training.training = true;
+  check_attention_options(attention_options(c, training), c.dtype, "config");
   if (!c.alibi_slopes.empty()) {
     if (static_cast<std::int64_t>(c.alibi_slopes.size()) != c.num_heads)
       fail("config.alibi_slopes", "expected one slope per query head (" + std::to_string(c.num_heads) + "), got " +
@@ -184,17 +212,16 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   }
   const std::int64_t past = cache != nullptr ? cache->length() : 0;
   const std::int64_t S = past + S_new;
-  if (call.num_threads < 0 || call.num_threads > Options::kMaxThreads)
-    fail("call.num_threads", "expected an integer in [0, " + std::to_string(Options::kMaxThreads) + "], got " +
-                                 std::to_string(call.num_threads));
+  Options options = attention_options(c, call);
+  check_attention_options(options, c.dtype, "call");  // the config's part passed at construction
   // RoPE positions run from past + offset to past + offset + max(L, S_new) − 1.
   std::int64_t last_position = 0;
-  if (c.rope && (__builtin_add_overflow(past, call.position_offset, &last_position) ||
-                 __builtin_add_overflow(last_position, std::max<std::int64_t>(std::max(L, S_new), 1) - 1,
-                                        &last_position))) {
+  if (c.rope &&
+      (__builtin_add_overflow(past, call.position_offset, &last_position) ||
+       __builtin_add_overflow(last_position, std::max<std::int64_t>(std::max(L, S_new), 1) - 1, &last_position))) {
     fail("call.position_offset", "expected an offset whose last RoPE position (cache length " + std::to_string(past) +
-                                     " + offset + " + std::to_string(std::max(L, S_new) - 1) +
-                                     ") fits in int64, got " + std::to_string(call.position_offset));
+                                     " + offset + " + std::to_string(std::max(L, S_new) - 1) + ") fits in int64, got " +
+                                     std::to_string(call.position_offset));
   }
   detail::MergedMask mask = detail::merge_masks(call.mask, call.key_padding_mask, batch, Hq, L, S, batched);
 
@@ -214,17 +241,9 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   }
 
   // ---- attention, written straight into (B, L, Hq·D) rows.
-  Options options;
   options.mask = mask.view;
-  options.causal = cache != nullptr && call.causal != Causal::none ? Causal::bottom_right : call.causal;
-  options.dropout_p = call.training ? c.dropout : 0.0;
-  options.seed = call.dropout_seed;
-  options.offset = call.dropout_offset;
-  options.num_threads = call.num_threads;
-  options.window_left = c.window_left;
-  options.window_right = c.window_right;
+  if (cache != nullptr && call.causal != Causal::none) options.causal = Causal::bottom_right;
   if (!c.alibi_slopes.empty()) options.alibi_slopes = alibi_slopes_.view();
-  options.softcap = c.softcap;
 
   AttentionResult result;
   if (call.need_weights) result.weights = Tensor(c.dtype, batched ? Shape{batch, Hq, L, S} : Shape{Hq, L, S});
