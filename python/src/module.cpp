@@ -2,7 +2,8 @@
 // or the buffer protocol / DLPack (NumPy) as nb::ndarray, and are handed to sdpa::forward
 // (backward, and their varlen and paged forms) as TensorViews over the caller's memory: any
 // strides, no copy. The outputs are buffers the Python side allocated (torch.empty /
-// np.empty), written in place, so nothing is copied on the way out either.
+// np.empty), written in place, so nothing is copied on the way out either. The scalar
+// options arrive as one sdpa::Options (sdpa._core.Options, bound in options.cpp).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
