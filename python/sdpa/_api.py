@@ -278,8 +278,8 @@ def _integers(fw, name, x):
     return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
 
 
-def _options(fw, *, causal=None, scale=None, dropout_p=0.0, seed=None, window_size=(-1, -1), alignment=None,
-             softcap=0.0) -> Options:
+def _make_options(fw, *, causal=None, scale=None, dropout_p=0.0, seed=None, window_size=(-1, -1),
+                  alignment=None, softcap=0.0) -> Options:
     """The keywords of every public function as the one Options of the call (sdpa/_options.py:
     sdpa::Options' scalar fields). Each is checked for its type here, the error naming the
     keyword as the caller spelled it; the ranges are the library's to check. `seed` None
@@ -400,8 +400,8 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         NotImplementedError: return_weights or out with inputs that require grad.
     """
     fw = _framework(query)
-    options = _options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed, window_size=window_size,
-                       alignment=alignment, softcap=softcap)
+    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                            window_size=window_size, alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
@@ -454,8 +454,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             softcap, alibi_slopes or alignment.
     """
     fw = _framework(query)
-    options = _options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p, seed=seed,
-                       window_size=window_size, alignment=alignment, softcap=softcap)
+    options = _make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
+                            seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
@@ -550,8 +550,8 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
             partition of the packed rows, and the option errors of sdpa.attention.
     """
     fw = _framework(query)
-    options = _options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed, window_size=window_size,
-                       alignment=alignment, softcap=softcap)
+    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                            window_size=window_size, alignment=alignment, softcap=softcap)
     q = fw.prepare("query", query)
     k = fw.prepare("key", key)
     v = fw.prepare("value", value)
@@ -621,7 +621,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
     fw = _framework(query)
-    options = _options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment, softcap=softcap)
+    options = _make_options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment,
+                            softcap=softcap)
     q = fw.prepare("query", query)
     kp = fw.prepare("key_pages", key_pages)
     vp = fw.prepare("value_pages", value_pages)

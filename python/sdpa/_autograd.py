@@ -249,4 +249,5 @@ def _(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *
 
 def paged(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, options, *, nhd: bool):
     """(output, lse) through the paged custom op (torch.compile); `options` an sdpa._options.Options."""
-    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *_options.flatten(options))
+    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd,
+                         *_options.flatten(options))

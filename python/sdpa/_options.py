@@ -2,7 +2,7 @@
 
   * `Options`, a NamedTuple with one field per scalar field of sdpa._core.Options (that is
     sdpa::Options, bound once in python/src/options.cpp), in the binding's order and with
-    its defaults. sdpa/_api.py builds one per call (`_api._options`); torch.compile traces it
+    its defaults. sdpa/_api.py builds one per call (`_api._make_options`); torch.compile traces it
     (it cannot construct the binding's objects, so those are made only where the C++ library
     is called: `to_core`).
   * the flat scalars of the torch.library custom ops' schemas (`flatten`, `unflatten`,
