@@ -1,6 +1,7 @@
-"""The Python surface: zero copies (checked by pointer), output buffers, errors, autograd
-and devices, seeds, and the contract's corner cases (fully masked rows, NaN, empty shapes)
-against PyTorch."""
+"""The Python surface: zero copies (checked by pointer), output buffers, errors (every
+argument of attention, scaled_dot_product_attention, varlen_attention and paged_attention,
+the score modifiers' included), autograd and devices, seeds, and the contract's corner
+cases (fully masked rows, NaN, empty shapes) against PyTorch."""
 
 import math
 import warnings
@@ -106,6 +107,8 @@ def test_out_that_is_not_an_array_is_refused_not_copied():
 # --- errors -------------------------------------------------------------------------------
 
 Q, K, V = packed(2, 4, 5, 8, seed=7), packed(2, 4, 6, 8, seed=8), packed(2, 4, 6, 3, seed=9)
+QP, KP, VP = torch.randn(10, 4, 8), torch.randn(12, 2, 8), torch.randn(12, 2, 8)  # packed (total, H, E)
+PAGES = torch.randn(4, 2, 4, 8)  # (pages, Hkv, page_size, E)
 # Fields of structured arrays: float32 views whose byte strides (records of 6 and 5 bytes)
 # are no whole number of elements, which DLPack cannot express.
 FIELDS = {"query": np.zeros((2, 4, 5, 8), dtype=[("x", np.float32), ("pad", np.int16)])["x"],
@@ -184,6 +187,69 @@ BAD_CALLS = [
      TypeError, "attn_mask: expected a strided (dense) tensor, got a nested tensor"),
     (lambda: sdpa.attention(quantized(Q), K, V), TypeError,
      "query: expected a tensor of plain numbers, got the quantized dtype torch.qint8"),
+    # The score modifiers, varlen_attention and paged_attention: the message starts so.
+    (lambda: sdpa.attention(Q, K, V, window_size=(-2, 0)), ValueError, "window_size[0]: expected >= 0, or -1"),
+    (lambda: sdpa.scaled_dot_product_attention(Q, K, V, window_size=(0, -3)), ValueError,
+     "window_size[1]: expected >= 0, or -1"),
+    (lambda: sdpa.attention(Q, K, V, window_size=4), TypeError, "window_size: expected a pair (left, right)"),
+    (lambda: sdpa.attention(Q, K, V, window_size=(1.5, 0)), TypeError, "window_size[0]: expected an int"),
+    # Issue 12: beyond int64 these were nanobind's "incompatible function arguments".
+    (lambda: sdpa.attention(Q, K, V, window_size=(2**63, 0)), ValueError,
+     "window_size[0]: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 10], [0, 5, 12], window_size=(0, -2**63 - 1)), ValueError,
+     "window_size[1]: expected an integer in [-2**63, 2**63), got -9223372036854775809"),
+    (lambda: sdpa.attention(Q, K, V, softcap=10**400), ValueError, "softcap: "),
+    (lambda: sdpa.attention(Q, K, V, alibi_slopes=[1.0, 2.0, 10**400]), ValueError,
+     "alibi_slopes: expected shape (4,)"),
+    (lambda: sdpa.attention(Q, K, V, softcap=-1.0), ValueError, "softcap: expected a finite cap > 0, or 0"),
+    (lambda: sdpa.attention(Q, K, V, softcap=math.inf), ValueError,
+     "softcap: expected a number finite in float32, the compute dtype of float32 inputs"),
+    (lambda: sdpa.attention(Q, K, V, softcap="30"), TypeError, "softcap: expected a float"),
+    (lambda: sdpa.attention(Q, K, V, alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes: expected shape (4,)"),
+    (lambda: sdpa.attention(Q, K, V, alibi_slopes=torch.ones(4, dtype=torch.float16)), TypeError,
+     "alibi_slopes: expected float32 or float64"),
+    (lambda: sdpa.attention(Q.numpy(), K.numpy(), V.numpy(), alibi_slopes=torch.ones(4)), TypeError,
+     "alibi_slopes: expected a NumPy array like the query"),
+    (lambda: sdpa.attention(Q, K, V, causal="top_left", alignment="bottom_right"), ValueError,
+     "alignment: expected the causal alignment"),
+    (lambda: sdpa.attention(Q, K, V, alignment="center"), ValueError,
+     "alignment: expected None, 'top_left' or 'bottom_right', got 'center'"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 10], [0, 5, 12], causal=True), ValueError,
+     "causal: expected None, 'top_left' or 'bottom_right', got True (torch's is_causal=True is 'top_left', "
+     "FlashAttention's causal=True is 'bottom_right')"),
+    (lambda: sdpa.varlen_attention(QP[0], KP, VP, [0, 4, 10], [0, 5, 12]), ValueError,
+     "query: expected rank 3 (total_q, Hq, E), got shape (4, 8)"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 11], [0, 5, 12]), ValueError, "cu_seqlens_q: "),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 10], [0, 6, 5, 12]), ValueError, "cu_seqlens_k: "),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0.0, 4.0, 10.0], [0, 5, 12]), TypeError,
+     "cu_seqlens_q: expected int32 or int64, got float64"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [[0, 4, 10]], [0, 5, 12]), ValueError,
+     "cu_seqlens_q: expected 1 dim, got shape (1, 3)"),
+    (lambda: sdpa.varlen_attention(QP, KP, VP, [0, 4, 10], [0, 5, 12], alibi_slopes=torch.ones(3, 4)), ValueError,
+     "alibi_slopes: "),
+    (lambda: sdpa.varlen_attention(QP, KP[:, :, :4], VP, [0, 4, 10], [0, 5, 12]), ValueError, "key: "),
+    (lambda: sdpa.varlen_attention(QP, KP, VP[:11], [0, 4, 10], [0, 5, 12]), ValueError,
+     "value: expected (12, 2, Ev) like the key, got shape (11, 2, 8)"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES.transpose(1, 2), PAGES.transpose(1, 2)[:, :, :1],
+                                  [[0, 1], [2, 3]], [3, 5], layout="NHD"), ValueError,
+     "value_pages: expected (4, 4, 2, Ev) like key_pages, got shape (4, 4, 1, 8)"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [[0, 1], [2, 3]], [8, 9]), ValueError, "seq_lens"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [[0, 9], [2, 3]], [8, 5]), ValueError,
+     "block_table"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [0, 1, 2, 3], [3, 5]), ValueError,
+     "block_table: expected 2 dims, got shape (4,)"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [[0, 1], [2, 3]], [3, 5, 1]), ValueError,
+     "seq_lens"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES[..., :4], PAGES, [[0, 1], [2, 3]], [3, 5]), ValueError,
+     "key_pages"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [[0, 1], [2, 3]], [3, 5], layout="HDN"), ValueError,
+     "layout: expected 'HND' or 'NHD', got 'HDN'"),
+    (lambda: sdpa.paged_attention(Q[0], PAGES, PAGES, [[0, 1], [2, 3]], [3, 5]), ValueError,
+     "query: expected rank 4 (batch, Hq, L, E), got shape (4, 5, 8)"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES[0], PAGES, [[0, 1], [2, 3]], [3, 5], layout="NHD"),
+     ValueError, "key_pages: expected rank 4 (pages, page_size, Hkv, E), got shape (2, 4, 8)"),
+    (lambda: sdpa.paged_attention(Q[:, :, :1], PAGES, PAGES, [[0, 1], [2, 3]], torch.tensor([3.0, 5.0])), TypeError,
+     "seq_lens: expected int32 or int64, got float32"),
 ]
 
 

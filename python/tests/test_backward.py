@@ -10,6 +10,9 @@ tensors (the torch.library custom ops of sdpa/_autograd.py over the C++ backward
     1e-5);
   * dropout: the gradients are torch's math on exactly the dropout mask our forward used
     (read off the weights it returns);
+  * the score modifiers (window_size, alignment, alibi_slopes, softcap): against the float64
+    oracle.extended_attention's autograd by hypothesis (float64, float32) and
+    torch.autograd.gradcheck, and the gradient of the returned lse;
   * torch.compile (fullgraph) and torch.library.opcheck.
 """
 
@@ -26,6 +29,7 @@ from hypothesis import strategies as st
 import oracle
 import sdpa
 from conftest import examples
+from modifiers import extended_configs, keywords_of, make_extended, options_of, slopes_for
 from sdpa import _autograd, _options
 from test_conformance import configs, effective_gqa, make_inputs
 
@@ -308,6 +312,109 @@ def test_bitwise_deterministic_gradients():
         runs.append(torch.autograd.grad(out, (q32, k32, v32), torch.ones_like(out)))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+# --- the score modifiers: window, ALiBi, softcap (against oracle.extended_attention) ----------
+
+def reference_gradients(cfg, q, k, v, mask, slopes, dout):
+    inputs = [leaf(oracle.to64(t)) for t in (q, k, v)]
+    float_mask = mask is not None and mask.dtype != torch.bool
+    m = None if mask is None else (leaf(oracle.to64(mask)) if float_mask else mask)
+    s64 = None if slopes is None else oracle.to64(slopes)
+    out, _, _ = oracle.extended_attention(*inputs, m, slopes=s64, **options_of(cfg))
+    return gradients(out, inputs + [m if float_mask else None], dout.to(F64))
+
+
+@settings(max_examples=examples(60))
+@given(cfg=extended_configs("torch", dtypes=(F64, torch.float32)))
+def test_gradients_through_window_alibi_softcap_match_the_oracle(cfg):
+    oracle.count_example("extensions: gradients")
+    q, k, v, mask, slopes = make_extended(cfg)
+    float_mask = mask is not None and mask.dtype != torch.bool
+    q, k, v = leaf(q), leaf(k), leaf(v)
+    if float_mask:
+        mask = leaf(mask)
+    if slopes is not None:
+        slopes = leaf(slopes)  # constants: they get no gradient, and do not break the call
+    ours = sdpa.attention(q, k, v, mask, **keywords_of(cfg, slopes))
+    dout = torch.randn(ours.shape, generator=torch.Generator().manual_seed(cfg.data_seed), dtype=F64).to(cfg.dtype)
+    got = gradients(ours, [q, k, v, mask if float_mask else None], dout)
+    reference = reference_gradients(cfg, q, k, v, mask, slopes, dout)
+    names = ["grad_query", "grad_key", "grad_value", "grad_mask"]
+    for n in range(4 if float_mask else 3):
+        check_gradient("extensions " + names[n], cfg.dtype, got[n], reference[n])
+    if slopes is not None:
+        assert slopes.grad is None
+
+
+@pytest.mark.parametrize("case", ["window", "window bottom_right", "alibi", "alibi batch", "softcap",
+                                  "all top_left causal", "all bottom_right causal gqa", "all + float mask",
+                                  "all + dropout"])
+def test_gradcheck_window_alibi_softcap(case):
+    q, k, v = _f64(2, 4, 5, 3, seed=1), _f64(2, 4, 7, 3, seed=2), _f64(2, 4, 7, 2, seed=3)
+    kw = {}
+    inputs = [q, k, v]
+    everything = case.startswith("all")
+    if case.startswith("window") or everything:
+        kw["window_size"] = (2, 1)
+    if case == "window bottom_right":
+        kw["alignment"] = "bottom_right"
+    if case.startswith("alibi") or everything:
+        kw["alibi_slopes"] = (slopes_for(2, 4, "batch" if case == "alibi batch" else "heads", seed=5))
+    if case == "softcap" or everything:
+        kw["softcap"] = 1.5
+    if "top_left causal" in case:
+        kw["causal"] = "top_left"
+    if "bottom_right causal" in case:
+        kw["causal"] = "bottom_right"
+        k, v = _f64(2, 2, 7, 3, seed=6), _f64(2, 2, 7, 2, seed=7)
+        inputs = [q, k, v]
+    if "float mask" in case:
+        mask = _f64(5, 7, seed=8)
+        with torch.no_grad():
+            mask[1, 2] = -math.inf
+        inputs.append(mask)
+    if "dropout" in case:
+        kw.update(dropout_p=0.3, seed=99)
+
+    def f(*args):
+        return sdpa.attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, scale=0.7, **kw)
+
+    assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_gradcheck_scaled_dot_product_attention_with_extensions():
+    q, k, v = _f64(1, 2, 4, 3, seed=1), _f64(1, 2, 6, 3, seed=2), _f64(1, 2, 6, 4, seed=3)
+
+    def f(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(1, -1),
+                                                 alibi_slopes=torch.tensor([0.3, 0.7], dtype=F64), softcap=2.0)
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+# --- the log-sum-exp's gradient ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{}, dict(causal="top_left", window_size=(3, 0), softcap=5.0),
+                                dict(causal="bottom_right", alibi_slopes=[0.5, 0.25, 0.125, 0.0625], dropout_p=0.2,
+                                     seed=3)])
+def test_lse_is_differentiable(kw):
+    """A loss may use the returned lse (merging partial attentions): its gradient flows,
+    alone or with the output's, and equals the oracle's (torch.logsumexp's autograd)."""
+    q, k, v = _f64(2, 4, 5, 3, seed=1), _f64(2, 2, 7, 3, seed=2), _f64(2, 2, 7, 4, seed=3)
+    both = lambda q, k, v: sdpa.attention(q, k, v, return_lse=True, **kw)
+    assert torch.autograd.gradcheck(both, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    assert torch.autograd.gradcheck(lambda q, k, v: both(q, k, v)[1], (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    if "dropout_p" in kw:
+        return  # the oracle has no dropout; gradcheck above covers it
+    g = torch.randn(2, 4, 5, dtype=F64, generator=torch.Generator().manual_seed(4))
+    slopes = None if "alibi_slopes" not in kw else torch.tensor(kw["alibi_slopes"], dtype=F64)
+    _, _, want_lse = oracle.extended_attention(q, k, v, causal=kw.get("causal"), window=kw.get("window_size", (-1, -1)),
+                                               slopes=slopes, softcap=kw.get("softcap", 0.0))
+    want = torch.autograd.grad((want_lse * g).sum(), (q, k, v), allow_unused=True)  # lse does not read V
+    got = torch.autograd.grad((both(q, k, v)[1] * g).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        assert (a - (torch.zeros_like(a) if b is None else b)).abs().max() < 1e-12
 
 
 # --- torch.compile and the custom ops' registration -------------------------------------------

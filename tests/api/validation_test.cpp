@@ -1,5 +1,7 @@
 // Every bad input of DESIGN.md §1 is rejected with an error naming the argument, the
-// expected and the actual value, and nothing is written.
+// expected and the actual value, and nothing is written: shapes, dtypes, overlaps and
+// every option, the score modifiers (window, softcap, ALiBi, alignment) included, by
+// forward() and backward().
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,9 @@ namespace {
 using Call = ValidCall;
 
 Call valid_call() { return {}; }
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Calls forward with `c`, expects sdpa::Error naming `argument` with every fragment of
 // `says` in its message, and checks that no output element changed.
@@ -232,6 +237,97 @@ TEST(Validation, StridesMustMatchRank) {
     EXPECT_EQ(e.argument(), "query");
   }
   EXPECT_TRUE(untouched(c.out));
+}
+
+// ---- The score modifiers: window, softcap, ALiBi slopes, alignment ------------------
+
+TEST(Validation, ModifiersAtTheirExtremesAreAccepted) {
+  Call c = valid_call();
+  c.options.window_left = 0, c.options.window_right = 0;
+  c.options.softcap = 1e-3;
+  const Tensor slopes(DType::float64, {2, 4});
+  c.options.alibi_slopes = slopes.view();
+  c.options.causal = Causal::bottom_right;
+  c.options.alignment = Alignment::bottom_right;
+  forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options);
+  EXPECT_FALSE(untouched(c.out));
+}
+
+TEST(Validation, WindowBelowMinusOne) {
+  for (std::int64_t w : {-2, -100}) {
+    Call c = valid_call();
+    c.options.window_left = w;
+    expect_rejected(c, "options.window_left", {});
+    c = valid_call();
+    c.options.window_right = w;
+    expect_rejected(c, "options.window_right", {});
+  }
+}
+
+TEST(Validation, SoftcapNegativeOrNotFinite) {
+  for (double cap : {-1.0, -1e-9, kNaN, kInf, -kInf}) {
+    Call c = valid_call();
+    c.options.softcap = cap;
+    expect_rejected(c, "options.softcap", {});
+  }
+}
+
+// The slopes, a tensor like the mask, are named without "options.".
+TEST(Validation, AlibiSlopesOfTheWrongShapeOrDtype) {
+  for (const Shape& shape : {Shape{3}, Shape{5}, Shape{3, 4}, Shape{2, 3}, Shape{2, 4, 1}, Shape{}}) {
+    Call c = valid_call();
+    const Tensor slopes(DType::float32, shape);
+    c.options.alibi_slopes = slopes.view();
+    SCOPED_TRACE(shape.size());
+    expect_rejected(c, "alibi_slopes", {});
+  }
+  for (DType dtype : {DType::boolean, DType::float16, DType::bfloat16}) {
+    Call c = valid_call();
+    const Tensor slopes(dtype, {4});
+    c.options.alibi_slopes = slopes.view();
+    SCOPED_TRACE(dtype_name(dtype));
+    expect_rejected(c, "alibi_slopes", {}, nullptr, ErrorKind::type);
+  }
+  Call c = valid_call();
+  TensorView null_slopes{nullptr, DType::float32, {4}, {}};
+  c.options.alibi_slopes = null_slopes;
+  expect_rejected(c, "alibi_slopes", {});
+}
+
+TEST(Validation, AlignmentConflictingWithCausal) {
+  Call c = valid_call();
+  c.options.causal = Causal::top_left;
+  c.options.alignment = Alignment::bottom_right;
+  expect_rejected(c, "options.alignment", {});
+  c = valid_call();
+  c.options.causal = Causal::bottom_right;
+  c.options.alignment = Alignment::top_left;
+  expect_rejected(c, "options.alignment", {});
+}
+
+// backward() validates the same options and writes no gradient.
+TEST(Validation, BackwardRejectsTheSameModifiers) {
+  Call c = valid_call();
+  const ForwardResult fwd = forward(c.q.view(), c.k.view(), c.v.view(), c.options, Returns{false, true});
+  std::mt19937_64 rng(3);
+  const Tensor dout = random_tensor(DType::float32, {2, 4, 5, 3}, rng);
+  Tensor dq(DType::float32, {2, 4, 5, 8}), dk(DType::float32, {2, 2, 6, 8}), dv(DType::float32, {2, 2, 6, 3});
+  const Tensor bad_slopes(DType::boolean, {4});
+  for (int n = 0; n < 4; ++n) {
+    Options o;
+    std::string argument;
+    if (n == 0) o.window_left = -3, argument = "options.window_left";
+    if (n == 1) o.softcap = kNaN, argument = "options.softcap";
+    if (n == 2) o.alibi_slopes = bad_slopes.view(), argument = "alibi_slopes";
+    if (n == 3) o.causal = Causal::top_left, o.alignment = Alignment::bottom_right, argument = "options.alignment";
+    fill_with_sentinel({&dq, &dk, &dv});
+    expect_rejected_naming(
+        [&] {
+          backward(BackwardInputs{c.q.view(), c.k.view(), c.v.view(), fwd.output.view(), fwd.lse.view(), dout.view()},
+                   BackwardOutputs{dq.view(), dk.view(), dv.view(), std::nullopt}, o);
+        },
+        argument, {&dq, &dk, &dv});
+  }
 }
 
 }  // namespace

@@ -9,32 +9,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 
 #include "api/validate.h"
 #include "hwy/targets.h"
-#include "testing/cases.h"
+#include "testing/expectations.h"
 #include "testing/gradients.h"
 
 namespace sdpa::testing {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The float mask's gradient is checked whenever there is a float mask.
-void expect_agrees(const Case& c, std::uint64_t seed = 1) {
-  SCOPED_TRACE(c.name());
-  const Inputs in = make_inputs(c, seed);
-  const GradientAgreement a =
-      compare_gradients_with_oracle(in.qv(), in.kv(), in.vv(), in.options, c.mask == Case::Mask::additive);
-  EXPECT_TRUE(a.ok()) << a.describe();
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
 
 TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
   const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
@@ -48,7 +34,7 @@ TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
         c.batch = {1};
         c.heads_q = c.heads_kv = 1;
         c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
-        expect_agrees(c, n);
+        expect_gradients_agree(c, n);
       }
 }
 
@@ -58,9 +44,9 @@ TEST(CpuBackward, LongSequencesBothWays) {
     c.batch = {1};
     c.heads_q = c.heads_kv = 1;
     c.L = L, c.S = S, c.E = 64, c.Ev = 40;
-    expect_agrees(c);
+    expect_gradients_agree(c);
     c.causal = Causal::bottom_right;
-    expect_agrees(c);
+    expect_gradients_agree(c);
   }
 }
 
@@ -72,7 +58,7 @@ TEST(CpuBackward, GqaRatiosMatchOracle) {
       c.heads_q = heads_kv * ratio;
       c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
       c.mask = Case::Mask::boolean;
-      expect_agrees(c, ratio * 10 + heads_kv);
+      expect_gradients_agree(c, ratio * 10 + heads_kv);
     }
 }
 
@@ -89,7 +75,7 @@ TEST(CpuBackward, EveryMaskBroadcastShapeBoolAndFloatWithMaskGradient) {
       c.L = 5, c.S = 7;
       c.mask = kind;
       c.mask_shape = shape;
-      expect_agrees(c);
+      expect_gradients_agree(c);
     }
 }
 
@@ -99,7 +85,7 @@ TEST(CpuBackward, CausalAlignmentsWithAndWithoutMask) {
       for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
         Case c;
         c.L = L, c.S = S, c.causal = causal, c.mask = mask;
-        expect_agrees(c);
+        expect_gradients_agree(c);
       }
 }
 
@@ -111,7 +97,7 @@ TEST(CpuBackward, EveryDtypeMatchesOracleByTheToleranceRule) {
         c.dtype = dtype;
         c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
         c.mask = mask, c.causal = causal;
-        expect_agrees(c);
+        expect_gradients_agree(c);
       }
 }
 
@@ -122,7 +108,7 @@ TEST(CpuBackward, InterleavedStridedInputs) {
     c.interleaved = true;
     c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
     c.causal = Causal::top_left;
-    expect_agrees(c);
+    expect_gradients_agree(c);
   }
 }
 
@@ -131,7 +117,7 @@ TEST(CpuBackward, ScaleNegativeZeroAndLarge) {
     Case c;
     c.scale = scale;
     c.mask = Case::Mask::additive;
-    expect_agrees(c);
+    expect_gradients_agree(c);
   }
 }
 
@@ -144,7 +130,7 @@ TEST(CpuBackward, DropoutMatchesOracle) {
       c.L = 70, c.S = 131;
       c.causal = Causal::bottom_right;
       c.heads_q = 4;
-      expect_agrees(c, static_cast<std::uint64_t>(p * 100));
+      expect_gradients_agree(c, static_cast<std::uint64_t>(p * 100));
     }
 }
 
@@ -192,7 +178,7 @@ TEST(CpuBackward, RankThreeAndTwoBatchDims) {
   c.heads_q = 4, c.heads_kv = 2;
   c.mask = Case::Mask::additive;
   c.mask_shape = {3, 1, 1, 17};
-  expect_agrees(c);
+  expect_gradients_agree(c);
 }
 
 // A bool mask with an all-false row, a float mask with a −inf row, and bottom-right
@@ -430,19 +416,8 @@ TEST(CpuBackward, BitwiseDeterministicAcrossThreadCounts) {
         c.dropout_p = 0.3;
         Inputs in = make_inputs(c, 12);
         in.options.window_left = window_left;
-        const Tensor g = random_grad_output(in.qv(), in.vv(), 3);
-        std::vector<BackwardResult> results;
-        for (int threads : {1, 2, 3}) {
-          in.options.num_threads = threads;
-          results.push_back(forward_backward(in.qv(), in.kv(), in.vv(), g.view(), in.options, true));
-        }
-        for (std::size_t r = 1; r < results.size(); ++r) {
-          SCOPED_TRACE(c.name());
-          EXPECT_TRUE(bitwise_equal(results[0].grad_query, results[r].grad_query));
-          EXPECT_TRUE(bitwise_equal(results[0].grad_key, results[r].grad_key));
-          EXPECT_TRUE(bitwise_equal(results[0].grad_value, results[r].grad_value));
-          EXPECT_TRUE(bitwise_equal(results[0].grad_mask, results[r].grad_mask));
-        }
+        SCOPED_TRACE(c.name());
+        expect_gradients_deterministic_across_threads(in);
       }
 }
 
@@ -478,7 +453,7 @@ TEST(CpuBackward, KeyChunksMatchOracle) {
       c.causal = causal;
       c.mask = Case::Mask::additive;
       c.mask_shape = {c.S};
-      expect_agrees(c, 21);
+      expect_gradients_agree(c, 21);
     }
 }
 

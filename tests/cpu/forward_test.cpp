@@ -11,20 +11,12 @@
 #include <limits>
 #include <random>
 
-#include "testing/cases.h"
-#include "testing/helpers.h"
+#include "testing/expectations.h"
 
 namespace sdpa::testing {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-void expect_agrees(const Case& c, std::uint64_t seed = 1) {
-  SCOPED_TRACE(c.name());
-  const Inputs in = make_inputs(c, seed);
-  const Agreement a = compare_with_oracle(in.qv(), in.kv(), in.vv(), in.options);
-  EXPECT_TRUE(a.ok()) << a.describe();
-}
 
 TEST(CpuForward, AwkwardLengthsAndHeadDimsMatchOracle) {
   const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
@@ -38,7 +30,7 @@ TEST(CpuForward, AwkwardLengthsAndHeadDimsMatchOracle) {
         c.batch = {1};
         c.heads_q = c.heads_kv = 1;
         c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
-        expect_agrees(c, n);
+        expect_forward_agrees(c, n);
       }
 }
 
@@ -48,9 +40,9 @@ TEST(CpuForward, LongSequenceBothWays) {
     c.batch = {1};
     c.heads_q = c.heads_kv = 1;
     c.L = L, c.S = S, c.E = 64, c.Ev = 40;
-    expect_agrees(c);
+    expect_forward_agrees(c);
     c.causal = Causal::bottom_right;
-    expect_agrees(c);
+    expect_forward_agrees(c);
   }
 }
 
@@ -62,7 +54,7 @@ TEST(CpuForward, GqaRatiosMatchOracle) {
       c.heads_q = heads_kv * ratio;
       c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
       c.mask = Case::Mask::boolean;
-      expect_agrees(c, ratio * 10 + heads_kv);
+      expect_forward_agrees(c, ratio * 10 + heads_kv);
     }
 }
 
@@ -77,7 +69,7 @@ TEST(CpuForward, EveryMaskBroadcastShapeBoolAndFloat) {
       c.L = 5, c.S = 7;
       c.mask = kind;
       c.mask_shape = shape;
-      expect_agrees(c);
+      expect_forward_agrees(c);
     }
 }
 
@@ -87,7 +79,7 @@ TEST(CpuForward, CausalAlignmentsWithAndWithoutMask) {
       for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
         Case c;
         c.L = L, c.S = S, c.causal = causal, c.mask = mask;
-        expect_agrees(c);
+        expect_forward_agrees(c);
       }
 }
 
@@ -99,7 +91,7 @@ TEST(CpuForward, EveryDtypeMatchesOracleByTheToleranceRule) {
         c.dtype = dtype;
         c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
         c.mask = mask, c.causal = causal;
-        expect_agrees(c);
+        expect_forward_agrees(c);
       }
 }
 
@@ -110,7 +102,7 @@ TEST(CpuForward, InterleavedStridedInputs) {
     c.interleaved = true;
     c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
     c.causal = Causal::top_left;
-    expect_agrees(c);
+    expect_forward_agrees(c);
   }
 }
 
@@ -119,7 +111,7 @@ TEST(CpuForward, ScaleNegativeZeroAndLarge) {
     Case c;
     c.scale = scale;
     c.mask = Case::Mask::additive;
-    expect_agrees(c);
+    expect_forward_agrees(c);
   }
 }
 
@@ -131,7 +123,7 @@ TEST(CpuForward, DropoutMatchesOracleMaskExactly) {
       c.dropout_p = p;
       c.L = 70, c.S = 131;
       c.causal = Causal::bottom_right;
-      expect_agrees(c, static_cast<std::uint64_t>(p * 100));
+      expect_forward_agrees(c, static_cast<std::uint64_t>(p * 100));
     }
 }
 
@@ -147,7 +139,7 @@ TEST(CpuForward, RankThreeAndRankFiveInputs) {
   c.heads_q = 4, c.heads_kv = 2;
   c.mask = Case::Mask::boolean;
   c.mask_shape = {3, 1, 1, 17};
-  expect_agrees(c);
+  expect_forward_agrees(c);
 }
 
 // A bool mask with some rows all false, a float mask with −inf rows, and bottom-right
@@ -329,17 +321,7 @@ TEST(CpuForward, BitwiseDeterministicAcrossThreadCounts) {
   c.mask = Case::Mask::additive;
   c.causal = Causal::bottom_right;
   c.dropout_p = 0.3;
-  Inputs in = make_inputs(c, 12);
-  std::vector<ForwardResult> results;
-  for (int threads : {1, 2, 3}) {
-    in.options.num_threads = threads;
-    results.push_back(forward(in.qv(), in.kv(), in.vv(), in.options, Returns{true, true}));
-  }
-  for (std::size_t r = 1; r < results.size(); ++r) {
-    EXPECT_EQ(std::memcmp(results[0].output.data(), results[r].output.data(), results[0].output.nbytes()), 0);
-    EXPECT_EQ(std::memcmp(results[0].weights.data(), results[r].weights.data(), results[0].weights.nbytes()), 0);
-    EXPECT_EQ(std::memcmp(results[0].lse.data(), results[r].lse.data(), results[0].lse.nbytes()), 0);
-  }
+  expect_forward_deterministic_across_threads(make_inputs(c, 12));
 }
 
 // Decoding shapes (a few query rows per KV head, long S) split the keys into ranges
@@ -355,7 +337,7 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
       c.causal = causal;
       c.mask = Case::Mask::additive;
       c.mask_shape = {c.S};
-      expect_agrees(c, 21);
+      expect_forward_agrees(c, 21);
     }
   Case c;
   c.batch = {1};

@@ -1,12 +1,14 @@
 // The oracle backward against what needs no implementation to know: finite differences
-// of its own forward, closed forms, and the structure of GQA and masking.
+// of its own forward (the score modifiers' chain rules too), closed forms, and the
+// structure of GQA and masking.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include "testing/gradients.h"
+#include "testing/cases.h"
+#include "testing/finite_differences.h"
 
 namespace sdpa::testing {
 namespace {
@@ -157,6 +159,59 @@ TEST(ReferenceBackward, BroadcastMaskGradientSumsOverBroadcastDims) {
   EXPECT_EQ(r.grad_mask.shape(), (Shape{3, 1, 5}));
   EXPECT_LE(max_abs_diff(r.grad_mask, sum_to_shape(full.grad_mask, {3, 1, 5})), 1e-14);
   EXPECT_LE(max_abs_diff(r.grad_query, full.grad_query), 0.0);
+}
+
+// GQA, L ≠ S, Ev ≠ E, float64: the window (both alignments), ALiBi (batch, Hq), softcap
+// and a float mask with a −inf entry, alone and together, for the oracle and for the
+// CPU backend's float64 path.
+FiniteDifferenceCase fd_case(std::uint64_t seed, bool window, bool alibi, double softcap, bool mask,
+                             std::optional<Alignment> alignment, Causal causal) {
+  std::mt19937_64 rng(seed);
+  FiniteDifferenceCase c;
+  c.q = random_tensor(DType::float64, {2, 4, 5, 3}, rng, 1.5);
+  c.k = random_tensor(DType::float64, {2, 2, 7, 3}, rng, 1.5);
+  c.v = random_tensor(DType::float64, {2, 2, 7, 4}, rng);
+  c.g = random_tensor(DType::float64, {2, 4, 5, 4}, rng);
+  if (window) c.options.window_left = 2, c.options.window_right = 1;
+  c.options.alignment = alignment;
+  c.options.causal = causal;
+  if (alibi) {
+    c.slopes = alibi_slopes(DType::float64, {2}, 4, true);
+    c.options.alibi_slopes = c.slopes.view();
+  }
+  c.options.softcap = softcap;
+  if (mask) {
+    c.mask = random_tensor(DType::float64, {4, 5, 7}, rng);
+    c.mask.set(9, -kInf);
+    c.options.mask = c.mask.view();
+  }
+  return c;
+}
+
+TEST(ReferenceBackwardModifiers, MatchesFiniteDifferences) {
+  struct Variant {
+    bool window, alibi;
+    double softcap;
+    bool mask;
+    std::optional<Alignment> alignment;
+    Causal causal;
+  };
+  const Variant variants[] = {
+      {true, false, 0, false, Alignment::top_left, Causal::none},
+      {true, false, 0, false, std::nullopt, Causal::bottom_right},
+      {false, true, 0, false, Alignment::top_left, Causal::none},
+      {false, true, 0, false, std::nullopt, Causal::none},
+      {false, false, 1.5, false, std::nullopt, Causal::none},
+      {false, false, 1.5, true, std::nullopt, Causal::none},
+      {true, true, 1.5, true, Alignment::bottom_right, Causal::none},
+      {true, true, 3.0, true, std::nullopt, Causal::top_left},
+  };
+  int n = 0;
+  for (const Variant& v : variants)
+    for (Backend backend : {Backend::reference, Backend::cpu}) {
+      SCOPED_TRACE(::testing::Message() << "variant " << n / 2 << " backend " << static_cast<int>(backend));
+      fd_case(++n, v.window, v.alibi, v.softcap, v.mask, v.alignment, v.causal).check(backend, 1e-8);
+    }
 }
 
 }  // namespace

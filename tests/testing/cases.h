@@ -1,5 +1,7 @@
-// One case of the hostile grid of DESIGN.md §4, and its random inputs, shared by the CPU
-// forward and backward tests so that both run the same grid the same way.
+// One case of the hostile grid of DESIGN.md §4, and its random inputs, shared by the
+// reference and CPU forward and backward tests so that they run the same grid the same
+// way: shapes, dtypes, masks, causal, dropout, and the score modifiers (sliding window
+// and its alignment, ALiBi slopes, softcap).
 #pragma once
 
 #include <cstdint>
@@ -20,15 +22,31 @@ struct Case {
   std::optional<double> scale;
   double dropout_p = 0;
   bool interleaved = false;  // (B, L, H, E) buffers viewed as (B, H, L, E)
+  double stddev = 1;         // of Q and K: large for large logits, or for saturating the softcap
+  // The score modifiers (include/sdpa/options.h).
+  std::int64_t window_left = -1, window_right = -1;
+  std::optional<Alignment> alignment;
+  enum class Slopes { none, per_head, per_batch_head } slopes = Slopes::none;  // (Hq,) or (batch..., Hq)
+  DType slopes_dtype = DType::float32;
+  double softcap = 0;
+  int num_threads = 0;
 
   std::string name() const;
 };
 
+// The small case the score modifiers' tests start from: float64, B = 2, GQA 4:2, L = 7,
+// S = 11, E = 5, Ev = 6.
+Case small_gqa_case();
+
 // (batch..., heads, rows, cols)
 Shape shape_of(const Shape& batch, std::int64_t heads, std::int64_t rows, std::int64_t cols);
 
+// ALiBi's geometric slopes 2^(−8(h+1)/Hq): (heads,), or (batch..., heads) different per
+// batch element when `per_batch`.
+Tensor alibi_slopes(DType dtype, const Shape& batch, std::int64_t heads, bool per_batch);
+
 struct Inputs {
-  Tensor q, k, v, mask;
+  Tensor q, k, v, mask, slopes;
   StridedCopy qs, ks, vs;
   Options options;
   TensorView qv() const { return qs.storage.nbytes() ? qs.view : q.view(); }
@@ -36,8 +54,43 @@ struct Inputs {
   TensorView vv() const { return vs.storage.nbytes() ? vs.view : v.view(); }
 };
 
-// Random q, k, v (interleaved when the case asks) and mask for `c`, and the options that
-// run it; the same seed gives the same inputs and dropout.
+// Random q, k, v (interleaved when the case asks) and mask for `c`, the slopes, and the
+// options that run it; the same seed gives the same inputs and dropout.
 Inputs make_inputs(const Case& c, std::uint64_t seed);
+
+// Causal and alignment together as the contract allows them: alignment unset or equal
+// to causal's.
+struct CausalAlignment {
+  Causal causal;
+  std::optional<Alignment> alignment;
+};
+inline constexpr CausalAlignment kCausalAlignments[] = {{Causal::none, std::nullopt},
+                                                        {Causal::none, Alignment::top_left},
+                                                        {Causal::none, Alignment::bottom_right},
+                                                        {Causal::top_left, std::nullopt},
+                                                        {Causal::top_left, Alignment::top_left},
+                                                        {Causal::bottom_right, std::nullopt},
+                                                        {Causal::bottom_right, Alignment::bottom_right}};
+
+// The score modifiers' grid, run by the CPU forward and backward on the same shapes:
+// windows that start and end in the middle of 96-key tiles and 32-row subtiles, alone
+// and with every other modifier and mask.
+struct Modifiers {
+  std::int64_t window_left, window_right;
+  Causal causal;
+  std::optional<Alignment> alignment;
+  Case::Slopes slopes;
+  DType slopes_dtype;
+  double softcap;
+  Case::Mask mask;
+};
+extern const Modifiers kModifierGrid[8];
+
+struct Dims {
+  std::int64_t B, Hq, Hkv, L, S, E, Ev;
+};
+
+// A rank-4 case of `dims` in `dtype` with the modifiers `m`.
+Case with(const Dims& dims, const Modifiers& m, DType dtype);
 
 }  // namespace sdpa::testing

@@ -26,18 +26,24 @@ struct GradientAgreement {
   };
   std::vector<Entry> entries;  // grad_query, grad_key, grad_value[, grad_mask]
   bool ok() const;
+  // The largest error / tolerance: above 1 fails, and NaN stays NaN.
+  double worst_ratio() const;
   std::string describe() const;
 };
 
-// Runs forward + backward with `options.backend` (default: the CPU path) on the views,
-// and the oracle on float64 copies of the same values (mask included), and compares
-// each gradient under the rule:
-//   float64:  1e-9 · max(1, max|oracle|)
-//   float32:  1e-4 · max(1, max|oracle|)
-//   float16 / bfloat16: max(3 · naive error, 1e-5), where the naive error is that of a
-//     backward that rounds to the dtype after every step (P, dO Vᵀ, D, dS, each
-//     product), as a straightforward low-precision implementation does; see
-//     naive_gradients().
+// `got`, gradients computed in the query's dtype from these views with dO =
+// `grad_output`, against the oracle's on float64 copies of the same values with
+// `options` (its float mask copied too), each under the rule (gradient_tolerance,
+// tolerance.h): for float16 and bfloat16 the naive error is that of naive_gradients()
+// below, a backward that rounds to the dtype after every step as a straightforward
+// low-precision implementation does. The mask's gradient, rounded to the mask's dtype,
+// is also allowed that dtype's bound when it is float32 or float64.
+GradientAgreement agree_gradients_with_oracle(const BackwardResult& got, const TensorView& query, const TensorView& key,
+                                              const TensorView& value, const TensorView& grad_output,
+                                              const Options& options, bool mask_gradient);
+
+// Runs forward + backward with `options.backend` (default: the CPU path) on the views and
+// compares the gradients with the oracle's (agree_gradients_with_oracle).
 // `grad_output` defaults to random_grad_output(query, value, 1).
 GradientAgreement compare_gradients_with_oracle(const TensorView& query, const TensorView& key, const TensorView& value,
                                                 const Options& options, bool mask_gradient = false,
@@ -63,18 +69,5 @@ Tensor numerical_gradient(Tensor& x, const std::function<double()>& loss, double
 
 // The sum of a ∘ b over all elements (same shape).
 double dot(const Tensor& a, const Tensor& b);
-
-// loss = Σ G ∘ forward(Q, K, V) through the float64 oracle: its gradients are the
-// backward's with dO = G. The tensors are float64; `mask` and `slopes` hold what
-// options.mask and options.alibi_slopes view, when they are used.
-struct FiniteDifferenceCase {
-  Tensor q, k, v, mask, slopes, g;
-  Options options;
-
-  double loss() const;
-  // Every gradient of the backward on `backend` against central differences of loss(),
-  // within `tolerance`; the mask's too when options.mask is a float mask.
-  void check(Backend backend, double tolerance);
-};
 
 }  // namespace sdpa::testing

@@ -1,4 +1,5 @@
-// Test helpers: random inputs, float64 copies, and the tolerance rule of DESIGN.md §4.
+// Test helpers: random inputs, float64 copies, comparisons, and a backend against the
+// float64 oracle under the tolerance rule of DESIGN.md §4 (tolerance.h).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "sdpa/sdpa.h"
+#include "testing/tolerance.h"
 
 namespace sdpa::testing {
 
@@ -23,6 +25,8 @@ Tensor random_bool(const Shape& shape, std::mt19937_64& rng, double p_true);
 Tensor to_float64(const TensorView& view);
 // The same values in another dtype (rounded).
 Tensor convert(const Tensor& tensor, DType dtype);
+// What storing `value` in `dtype` keeps (round to nearest even).
+double round_to(DType dtype, double value);
 
 // A rank-4 tensor stored as (B, L, H, E) and viewed as (B, H, L, E): the
 // non-contiguous layout of a model's fused projection output.
@@ -37,25 +41,13 @@ StridedCopy heads_interleaved(const Tensor& packed);
 double max_abs_diff(const Tensor& a, const Tensor& b);
 double max_abs(const Tensor& t);  // ignores NaN and infinities
 
-// One comparison of a backend against the float64 oracle.
-struct Agreement {
-  double output_error = 0, output_tolerance = 0;
-  double lse_error = 0, lse_tolerance = 0;
-  double weights_error = 0, weights_tolerance = 0;
-  bool ok() const {
-    return output_error <= output_tolerance && lse_error <= lse_tolerance && weights_error <= weights_tolerance;
-  }
-  std::string describe() const;
-};
+// The same dtype, shape and bytes.
+bool bitwise_equal(const Tensor& a, const Tensor& b);
 
 // Runs `options.backend` (default: the CPU path) on the views, and the oracle on
 // float64 copies of the same values, and compares output, lse and weights under the
-// tolerance rule:
-//   float64:  1e-10 · max(1, max|oracle|)
-//   float32:  1e-5  · max(1, max|oracle|)
-//   float16 / bfloat16: max(2 · naive error, 1e-5), where the naive error is that of
-//     rounding the oracle's weights to the dtype, multiplying them into V with float32
-//     sums, and rounding the result (the steps a naive low-precision attention rounds).
+// tolerance rule (agree_with_oracle, tolerance.h). Asking for weights and lse must also
+// leave the output bit-identical.
 Agreement compare_with_oracle(const TensorView& query, const TensorView& key, const TensorView& value,
                               const Options& options);
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 
 #include "testing/helpers.h"
@@ -37,6 +38,24 @@ void expect_error_names(const Error& error, const std::string& argument, std::in
   const std::string message = error.what();
   EXPECT_EQ(message.rfind(argument + ": ", 0), 0u) << message;
   for (const char* fragment : says) EXPECT_NE(message.find(fragment), std::string::npos) << message;
+}
+
+ForwardOutputs caller_buffers(const Tensor& out, const Tensor& lse, const Tensor& weights, bool with_weights) {
+  return {out.view(), with_weights ? std::optional<TensorView>(weights.view()) : std::nullopt, lse.view()};
+}
+
+void expect_rejected_naming(const std::function<void()>& call, const std::string& names,
+                            std::initializer_list<const Tensor*> outputs) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error naming " << names;
+  } catch (const Error& e) {
+    EXPECT_NE(e.argument().find(names), std::string::npos) << "argument() = " << e.argument() << ": " << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(e.argument() + ": ", 0), 0u) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than sdpa::Error: " << e.what();
+  }
+  for (const Tensor* t : outputs) EXPECT_TRUE(untouched(*t)) << "an output was written (" << names << ")";
 }
 
 }  // namespace sdpa::testing

@@ -2,6 +2,7 @@
 // error names the argument, the expected and the actual value, and nothing is written.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -29,5 +30,13 @@ bool untouched(const Tensor& tensor);
 // "<argument>: " and hold every fragment of `says`.
 void expect_error_names(const Error& error, const std::string& argument, std::initializer_list<const char*> says,
                         ErrorKind kind);
+
+// `out` and `lse` as a call's caller buffers, and `weights` too when `with_weights`.
+ForwardOutputs caller_buffers(const Tensor& out, const Tensor& lse, const Tensor& weights, bool with_weights);
+
+// A call that must fail: sdpa::Error whose argument() contains `names` and whose message
+// starts with it; nothing written to `outputs`.
+void expect_rejected_naming(const std::function<void()>& call, const std::string& names,
+                            std::initializer_list<const Tensor*> outputs);
 
 }  // namespace sdpa::testing

@@ -1,0 +1,17 @@
+// What the packed (varlen) and paged tests share: a sequence's slopes, and how far the
+// same computation may drift between a batched call and a call on one sequence alone.
+#pragma once
+
+#include <cstdint>
+
+#include "testing/helpers.h"
+
+namespace sdpa::testing {
+
+// Row b of a (batch, Hq) slopes tensor as (Hq,); (Hq,) slopes as they are.
+TensorView slopes_of_sequence(const Tensor& slopes, std::int64_t b);
+
+// How far two runs of the same computation may drift: a few units in the last place.
+double same_result_tolerance(DType dtype, double magnitude);
+
+}  // namespace sdpa::testing
