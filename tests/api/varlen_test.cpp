@@ -58,6 +58,14 @@ TensorView sequence_rows(const TensorView& packed, std::int64_t begin, std::int6
 using Lengths = std::vector<std::pair<std::int64_t, std::int64_t>>;
 const Lengths kSequenceLengths = {{5, 9}, {0, 4}, {1, 0}, {40, 33}, {17, 130}, {3, 3}};
 
+// Sequence b's query rows [q0, q1) and key rows [k0, k1) in the packed tensors.
+struct SequenceRows {
+  std::int64_t q0, q1, k0, k1;
+};
+SequenceRows rows_of(const VarlenSequences& s, std::int64_t b) {
+  return {s.cu_seqlens_q[b], s.cu_seqlens_q[b + 1], s.cu_seqlens_k[b], s.cu_seqlens_k[b + 1]};
+}
+
 VarlenSequences sequences_of(const Lengths& lengths) {
   VarlenSequences s{{0}, {0}};
   for (auto [L, S] : lengths) {
@@ -133,8 +141,7 @@ TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
         ASSERT_EQ(packed.output.shape(), (Shape{Hq, in.seqs.cu_seqlens_q.back(), Ev}));
         ASSERT_EQ(packed.lse.shape(), (Shape{Hq, in.seqs.cu_seqlens_q.back()}));
         for (std::int64_t b = 0; b < in.batch; ++b) {
-          const std::int64_t q0 = in.seqs.cu_seqlens_q[b], q1 = in.seqs.cu_seqlens_q[b + 1];
-          const std::int64_t k0 = in.seqs.cu_seqlens_k[b], k1 = in.seqs.cu_seqlens_k[b + 1];
+          const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
           Options ob = o;
           if (vo.slopes) ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
           const ForwardResult alone = forward(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
@@ -163,8 +170,7 @@ TEST(Varlen, CpuMatchesOracleFormulaPerSequence) {
   o.backend = Backend::cpu;
   const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});
   for (std::int64_t b = 0; b < in.batch; ++b) {
-    const std::int64_t q0 = in.seqs.cu_seqlens_q[b], q1 = in.seqs.cu_seqlens_q[b + 1];
-    const std::int64_t k0 = in.seqs.cu_seqlens_k[b], k1 = in.seqs.cu_seqlens_k[b + 1];
+    const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
     Options ob = o;
     ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
     const Expected want = expected_attention(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
@@ -316,8 +322,7 @@ TEST(Varlen, BackwardWithDropoutMatchesThePaddedBatch) {
         EXPECT_GT(max_abs_diff(to_float64(grads.grad_value.view()), to_float64(undropped.grad_value.view())), 1e-2)
             << "dropout changed nothing";
         for (std::int64_t b = 0; b < B; ++b) {
-          const std::int64_t q0 = in.seqs.cu_seqlens_q[b], q1 = in.seqs.cu_seqlens_q[b + 1];
-          const std::int64_t k0 = in.seqs.cu_seqlens_k[b], k1 = in.seqs.cu_seqlens_k[b + 1];
+          const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
           const Tensor w[] = {unpadded(want.grad_query, b, q1 - q0), unpadded(want.grad_key, b, k1 - k0),
                               unpadded(want.grad_value, b, k1 - k0)};
           const TensorView got[] = {sequence_rows(grads.grad_query.view(), q0, q1),
@@ -356,8 +361,7 @@ TEST(Varlen, BackwardEqualsBackwardOnEachSequenceAlone) {
         ASSERT_EQ(grads.grad_key.shape(), in.k.view.shape);
         ASSERT_EQ(grads.grad_value.shape(), in.v.view.shape);
         for (std::int64_t b = 0; b < in.batch; ++b) {
-          const std::int64_t q0 = in.seqs.cu_seqlens_q[b], q1 = in.seqs.cu_seqlens_q[b + 1];
-          const std::int64_t k0 = in.seqs.cu_seqlens_k[b], k1 = in.seqs.cu_seqlens_k[b + 1];
+          const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
           Options ob = o;
           if (vo.slopes) ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
           const BackwardResult alone =
@@ -389,8 +393,7 @@ TEST(Varlen, LongKeySequencesAmongShortOnes) {
     o.backend = backend;
     const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});
     for (std::int64_t b = 0; b < in.batch; ++b) {
-      const std::int64_t q0 = in.seqs.cu_seqlens_q[b], q1 = in.seqs.cu_seqlens_q[b + 1];
-      const std::int64_t k0 = in.seqs.cu_seqlens_k[b], k1 = in.seqs.cu_seqlens_k[b + 1];
+      const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
       Options ob = o;
       ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
       ob.backend = Backend::reference;
