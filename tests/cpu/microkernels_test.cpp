@@ -43,6 +43,13 @@ inline hwy::AlignedFreeUniquePtr<float[]> RandomFloats(std::size_t count, std::m
   return values;
 }
 
+// A copy of `count` floats (what an accumulating kernel started from).
+inline std::vector<float> Copy(const float* values, std::size_t count) {
+  std::vector<float> copy(count);
+  for (std::size_t n = 0; n < count; ++n) copy[n] = values[n];
+  return copy;
+}
+
 // Float32 summation of `terms` products: |error| ≤ terms · ε · Σ|products| (Higham 3.1),
 // with a factor 2 for the FMA-or-not ambiguity across targets.
 inline double SumTolerance(int terms, double sum_of_magnitudes) {
@@ -62,7 +69,7 @@ HWY_NOINLINE void TestExp2() {
                                std::numeric_limits<float>::quiet_NaN()});
   while (inputs.size() % N != 0) inputs.push_back(0.0f);
   auto x = hwy::AllocateAligned<float>(inputs.size()), y = hwy::AllocateAligned<float>(inputs.size());
-  std::copy(inputs.begin(), inputs.end(), x.get());
+  for (std::size_t n = 0; n < inputs.size(); ++n) x[n] = inputs[n];
   for (std::size_t n = 0; n < inputs.size(); n += N) hn::Store(Exp2(df, hn::Load(df, x.get() + n)), df, y.get() + n);
   for (std::size_t n = 0; n < inputs.size(); ++n) {
     const float in = x[n];
@@ -112,7 +119,7 @@ HWY_NOINLINE void TestAccumulate() {
     const auto pt = RandomFloats(cols * pt_stride, rng);
     const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
     auto ot = RandomFloats(static_cast<std::size_t>(dims) * rows, rng);  // accumulated into, not overwritten
-    const std::vector<float> before(ot.get(), ot.get() + dims * rows);
+    const std::vector<float> before = Copy(ot.get(), static_cast<std::size_t>(dims) * rows);
     Accumulate(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows);
     for (std::int64_t d = 0; d < dims; ++d)
       for (std::size_t r = 0; r < rows; ++r) {
@@ -135,7 +142,7 @@ void CheckRankUpdate(std::mt19937& rng) {
   const auto wt = RandomFloats(kRankKeys * wt_stride, rng);
   const auto x = RandomFloats(rows * x_stride, rng);
   auto acc = RandomFloats(kRankKeys * x_stride, rng);
-  const std::vector<float> before(acc.get(), acc.get() + kRankKeys * x_stride);
+  const std::vector<float> before = Copy(acc.get(), kRankKeys * x_stride);
   RankUpdate<Vectors>(wt.get(), wt_stride, r0, r1, x.get(), x_stride, acc.get(), x_stride);
   for (std::size_t c = 0; c < kRankKeys; ++c)
     for (std::size_t d = 0; d < x_stride; ++d) {
