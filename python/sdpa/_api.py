@@ -148,6 +148,11 @@ def _framework(query):
 # nanobind's "incompatible function arguments" or float()'s OverflowError. The ranges that
 # mean something (p < 1, window >= -1, ...) stay the library's to check.
 
+
+def _prepare_qkv(fw, query, key, value):
+    """query, key and value as the binding takes them (each checked under its own name)."""
+    return fw.prepare("query", query), fw.prepare("key", key), fw.prepare("value", value)
+
 def _real(name, value, expected="a float") -> float:
     """A Python number as a float. An int beyond the float range becomes ±inf, which the
     library refuses in its own words wherever a value must be finite."""
@@ -402,9 +407,7 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     fw = _framework(query)
     options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                             window_size=window_size, alignment=alignment, softcap=softcap)
-    q = fw.prepare("query", query)
-    k = fw.prepare("key", key)
-    v = fw.prepare("value", value)
+    q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if mask is None else fw.prepare("mask", mask)
     slopes = _slopes(fw, alibi_slopes)
     output, weights, lse = _run(fw, q, k, v, m, slopes, options, weights=return_weights, lse=return_lse, out=out,
@@ -456,9 +459,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     fw = _framework(query)
     options = _make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
                             seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
-    q = fw.prepare("query", query)
-    k = fw.prepare("key", key)
-    v = fw.prepare("value", value)
+    q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
     slopes = _slopes(fw, alibi_slopes)
 
@@ -552,9 +553,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     fw = _framework(query)
     options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                             window_size=window_size, alignment=alignment, softcap=softcap)
-    q = fw.prepare("query", query)
-    k = fw.prepare("key", key)
-    v = fw.prepare("value", value)
+    q, k, v = _prepare_qkv(fw, query, key, value)
     _rank("query", q, 3, "(total_q, Hq, E)")
     _rank("key", k, 3, "(total_k, Hkv, E)")
     _rank("value", v, 3, "(total_k, Hkv, Ev)")

@@ -5,18 +5,13 @@
 #include <vector>
 
 #include "common/element.h"
+#include "nn/shape_text.h"
 #include "sdpa/error.h"
 
 namespace sdpa::nn::detail {
 namespace {
 
 using Shape = std::vector<std::int64_t>;
-
-std::string shape_text(const Shape& shape) {
-  std::string text = "(";
-  for (std::size_t d = 0; d < shape.size(); ++d) text += (d > 0 ? ", " : "") + std::to_string(shape[d]);
-  return text + ")";
-}
 
 void check_view(const TensorView& v, const char* name) {
   if (!v.strides.empty() && v.strides.size() != v.rank()) {

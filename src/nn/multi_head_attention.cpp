@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "nn/linear.h"
 #include "nn/masks.h"
+#include "nn/shape_text.h"
 #include "sdpa/error.h"
 #include "sdpa/sdpa.h"
 
@@ -22,12 +23,7 @@ namespace sdpa::nn {
 namespace {
 
 using Shape = std::vector<std::int64_t>;
-
-std::string shape_text(const Shape& shape) {
-  std::string text = "(";
-  for (std::size_t d = 0; d < shape.size(); ++d) text += (d > 0 ? ", " : "") + std::to_string(shape[d]);
-  return text + ")";
-}
+using detail::shape_text;
 
 [[noreturn]] void fail(const std::string& argument, const std::string& message, ErrorKind kind = ErrorKind::value) {
   throw Error(kind, argument, message);
