@@ -405,11 +405,12 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         NotImplementedError: return_weights or out with inputs that require grad.
     """
     fw = _framework(query)
-    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
-                            window_size=window_size, alignment=alignment, softcap=softcap)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if mask is None else fw.prepare("mask", mask)
     slopes = _slopes(fw, alibi_slopes)
+    # After the tensors' checks: a rejected call draws no seed from the global generator.
+    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                            window_size=window_size, alignment=alignment, softcap=softcap)
     output, weights, lse = _run(fw, q, k, v, m, slopes, options, weights=return_weights, lse=return_lse, out=out,
                                 mask_name="mask")
     if not (return_weights or return_lse):
@@ -457,11 +458,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             softcap, alibi_slopes or alignment.
     """
     fw = _framework(query)
-    options = _make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
-                            seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
     slopes = _slopes(fw, alibi_slopes)
+    # After the tensors' checks: a rejected call draws no seed from the global generator.
+    options = _make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
+                            seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
 
     # torch reads dim -3 as the head dim when it applies GQA, also at rank 3; the library's
     # rank 3 is (batch, seq, dim), so such inputs become (1, heads, seq, dim).
@@ -551,8 +553,6 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
             partition of the packed rows, and the option errors of sdpa.attention.
     """
     fw = _framework(query)
-    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
-                            window_size=window_size, alignment=alignment, softcap=softcap)
     q, k, v = _prepare_qkv(fw, query, key, value)
     _rank("query", q, 3, "(total_q, Hq, E)")
     _rank("key", k, 3, "(total_k, Hkv, E)")
@@ -561,6 +561,9 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q)
     cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
     slopes = _slopes(fw, alibi_slopes)
+    # After the tensors' checks: a rejected call draws no seed from the global generator.
+    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
         from . import _autograd
 

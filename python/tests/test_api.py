@@ -306,6 +306,23 @@ def test_dropout_seed_none_draws_from_torchs_generator():
     assert torch.equal(torch.get_rng_state(), state), "dropout_p = 0 draws nothing"
 
 
+@pytest.mark.parametrize("call", [
+    lambda q, bad: sdpa.attention(q, bad, q, dropout_p=0.5),
+    lambda q, bad: sdpa.scaled_dot_product_attention(q, bad, q, dropout_p=0.5),
+    lambda q, bad: sdpa.varlen_attention(q[0], bad[0], q[0], torch.tensor([0, 2], dtype=torch.int32),
+                                         torch.tensor([0, 2], dtype=torch.int32), dropout_p=0.5),
+])
+def test_a_call_refused_for_its_tensors_draws_no_seed(call):
+    # The options (and the seed drawn for dropout) come after the tensors' checks: a
+    # rejected call leaves torch's generator where it was.
+    q = torch.randn(1, 2, 4, 8)
+    bad = np.ones((1, 2, 4, 8), np.float32)  # a NumPy key with a torch query
+    state = torch.get_rng_state()
+    with pytest.raises(TypeError, match="key"):
+        call(q, bad)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_dropout_seed_none_draws_from_numpys_generator():
     q = np.random.default_rng(1).standard_normal((2, 8, 4))
     np.random.seed(3)

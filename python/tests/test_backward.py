@@ -266,7 +266,7 @@ def test_fully_masked_rows_have_zero_gradients():
 
 
 def test_lse_is_differentiable_and_unused_costs_nothing():
-    """The lse carries a gradient (test_extensions.py checks its values); a loss on the
+    """The lse carries a gradient (test_varlen.py and test_modifiers.py check its values); a loss on the
     output alone gets the same gradients as when no lse was asked for."""
     q = _f64(1, 1, 3, 2, seed=1)
     out, lse = sdpa.attention(q, q, q, return_lse=True)

@@ -314,7 +314,7 @@ TEST(CpuForward, EmptyShapesReturnCorrectlyShapedResults) {
   }
 }
 
-// Same inputs and options: bitwise the same output and weights with 1 and 2 threads.
+// Same inputs and options: bitwise the same output, weights and lse with 1, 2 and 3 threads.
 TEST(CpuForward, BitwiseDeterministicAcrossThreadCounts) {
   Case c;
   c.heads_q = 4, c.heads_kv = 2, c.L = 130, c.S = 257, c.E = 40, c.Ev = 24;

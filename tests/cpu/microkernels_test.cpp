@@ -79,7 +79,7 @@ HWY_NOINLINE void TestExp2() {
       EXPECT_EQ(y[n], 0.0f) << "2^" << in;
     } else {
       const double exact = std::exp2(static_cast<double>(in));
-      // Degree-6 Taylor on [−½, ½] (< 1e-7) plus the float rounding of Horner's steps.
+      // Degree-6 Taylor on [−½, ½] (≤ 1.2e-7) plus the float rounding of Horner's steps.
       EXPECT_LE(std::abs(y[n] - exact), 4e-7 * exact) << "2^" << in;
     }
   }

@@ -17,7 +17,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x), f ∈ [−½, ½]; 2^f by its
-// Taylor polynomial of degree 6 (relative error below 1e-7, about one float32 ulp), 2^n
+// Taylor polynomial of degree 6 (relative error at most 1.2e-7, at f = ±½: about one float32 ulp), 2^n
 // as a float with exponent field n + 127. The rounding uses the 1.5·2^23 trick, so no float→int
 // conversion (whose out-of-range behaviour differs between targets) is needed.
 // x < −125 gives exactly 0 (masked scores are −inf); NaN stays NaN.

@@ -1,7 +1,8 @@
 // The score modifiers of the SIMD forward and backward, on a transposed tile
 // st[c·stride + r] (keys c, query rows r of a RowSet), in log2 units (scores · log2 e),
-// in the order the oracle applies them (reference/scores.h): softcap, ALiBi, the mask,
-// the band of causal and the sliding window; then dropout on the probabilities.
+// then dropout on the probabilities. The kernels apply softcap, then the mask, then ALiBi
+// and the band; the oracle (reference/scores.h) adds ALiBi before the mask — the same
+// score up to the rounding of one float addition.
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_SCORE_MODIFIERS_INL_H_) == defined(HWY_TARGET_TOGGLE)
