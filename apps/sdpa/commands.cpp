@@ -131,8 +131,7 @@ std::string flag_of(std::string name) {
 // itself (the outputs).
 std::string cli_message(const Error& error, const RunArgs& args) {
   const std::string& argument = error.argument();
-  const std::string what = error.what();
-  const std::string detail = what.size() > argument.size() + 2 ? what.substr(argument.size() + 2) : what;
+  const std::string& detail = error.message();
   const std::string options_prefix = "options.";
   if (argument.rfind(options_prefix, 0) == 0) return flag_of(argument.substr(options_prefix.size())) + ": " + detail;
   std::string name = argument;
@@ -148,7 +147,7 @@ std::string cli_message(const Error& error, const RunArgs& args) {
   if (file) return flag_of(name) + " " + *file + ": " + detail;
   for (const char* list : {"cu_seqlens_q", "cu_seqlens_k", "block_table", "seq_lens"})
     if (name == list) return flag_of(name) + ": " + detail;
-  return what;
+  return error.what();
 }
 
 }  // namespace
@@ -196,8 +195,7 @@ std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::st
       values = parse_int_list(row_text, flag);
     } catch (const Error& e) {
       // Say which row: "--block-table: row 1: expected an integer, ..."
-      const std::string what = e.what();
-      throw Error(ErrorKind::value, flag, "row " + std::to_string(row) + ": " + what.substr(flag.size() + 2));
+      throw Error(ErrorKind::value, flag, "row " + std::to_string(row) + ": " + e.message());
     }
     if (row_length >= 0 && static_cast<std::int64_t>(values.size()) != row_length) {
       throw Error(ErrorKind::value, flag,

@@ -43,9 +43,7 @@ inline std::string python_name(const std::string& argument, const Renames& renam
 inline std::string python_message(const sdpa::Error& error, const Renames& renames) {
   const std::string& argument = error.argument();
   const std::string renamed = python_name(argument, renames);
-  const std::string what = error.what();
-  if (renamed == argument || what.rfind(argument, 0) != 0) return what;
-  return renamed + what.substr(argument.size());
+  return renamed == argument ? error.what() : renamed + ": " + error.message();
 }
 
 [[noreturn]] inline void raise(const sdpa::Error& error, const Renames& renames) {

@@ -76,8 +76,7 @@ void check_attention_options(const Options& options, DType dtype, const std::str
     const std::string& argument = error.argument();
     std::string field = argument.substr(argument.find('.') + 1);
     if (field == "dropout_p") field = "dropout";
-    const std::string what = error.what();
-    throw Error(error.kind(), owner + "." + field, what.substr(std::min(what.size(), argument.size() + 2)));
+    throw Error(error.kind(), owner + "." + field, error.message());
   }
 }
 

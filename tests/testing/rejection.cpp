@@ -52,6 +52,7 @@ void expect_rejected_naming(const std::function<void()>& call, const std::string
   } catch (const Error& e) {
     EXPECT_NE(e.argument().find(names), std::string::npos) << "argument() = " << e.argument() << ": " << e.what();
     EXPECT_EQ(std::string(e.what()).rfind(e.argument() + ": ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()), e.argument() + ": " + e.message());
   } catch (const std::exception& e) {
     ADD_FAILURE() << "threw something other than sdpa::Error: " << e.what();
   }
