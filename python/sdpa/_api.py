@@ -5,242 +5,18 @@ tensor is copied on the way in or out."""
 
 from __future__ import annotations
 
-import math
-import numbers
-import sys
-
 import numpy as np
 
 from . import _core
-from ._options import Options, to_core
+from ._frameworks import _framework, _Torch, _torch_module
+from ._options import _reals, make_options, to_core
 
-_CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}
 _LAYOUTS = ("HND", "NHD")
-_UINT64_END = 1 << 64
-_INT64_END = 1 << 63
-
-
-def _torch_module():
-    # torch is optional: it is only touched when the caller passes torch tensors, and then it
-    # is already imported.
-    return sys.modules.get("torch")
-
-
-def _is_torch_tensor(x) -> bool:
-    torch = _torch_module()
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-class _Torch:
-    """Inputs and outputs as torch tensors (CPU, strided layout)."""
-
-    def __init__(self):
-        import torch
-
-        self.torch = torch
-
-    def prepare(self, name, x, output=False):
-        """x as the library can read it (`output`: write it) in place, or the error that says
-        why not. The one place where a torch argument's kind of tensor is checked."""
-        torch = self.torch
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor like the query, got {type(x).__module__}.{type(x).__name__}")
-        # A nested tensor reports layout torch.strided (unless it is jagged) but has no sizes.
-        if x.is_nested:
-            raise TypeError(f"{name}: expected a strided (dense) tensor, got a nested tensor")
-        if x.layout != torch.strided:
-            raise TypeError(f"{name}: expected a strided (dense) tensor, got layout {x.layout}")
-        if x.is_quantized:  # DLPack has no quantized types
-            raise TypeError(f"{name}: expected a tensor of plain numbers, got the quantized dtype {x.dtype}")
-        if x.device.type != "cpu":
-            raise ValueError(f"{name}: expected a CPU tensor, got device {x.device} (sdpa has no GPU backend yet)")
-        # A tensor that requires grad stays attached: _run sends it through the autograd op
-        # (sdpa/_autograd.py), or detaches it (a view, no copy) when no gradient is wanted.
-        # (Under torch.compile the custom op resolves the bits below, and the checks would
-        # break the graph.)
-        if torch.compiler.is_compiling():
-            return x
-        # A lazily negated view (torch._neg_view, z.conj().imag) holds -x in memory, and
-        # DLPack exports that memory as it is. An input is resolved (a negated copy, read
-        # once); an output cannot be: the library would write the copy, which the caller
-        # never sees (or, unresolved, the memory, which the caller reads negated).
-        if output and (x.is_neg() or x.is_conj()):
-            bit = "negative bit (torch._neg_view, z.conj().imag)" if x.is_neg() else "conjugate bit (z.conj())"
-            raise TypeError(f"{name}: expected a tensor whose memory holds its values, got a view with torch's lazy "
-                            f"{bit}, which the library cannot write in place")
-        if x.is_neg():
-            x = x.resolve_neg()
-        return x
-
-    def empty(self, shape, dtype):
-        return self.torch.empty(tuple(shape), dtype=dtype, device="cpu")
-
-    def lse_dtype(self, query):
-        return self.torch.float64 if query.dtype == self.torch.float64 else self.torch.float32
-
-    def broadcast_to(self, x, shape):
-        return x.expand(*shape)
-
-    def unsqueeze(self, x):
-        return x.unsqueeze(0)
-
-    def swap(self, x, a, b):
-        return x.transpose(a, b)  # a view: (total, H, E) as (H, total, E)
-
-    def draw_seed(self) -> int:
-        # From torch's default CPU generator, so torch.manual_seed makes dropout reproducible.
-        return int(self.torch.randint(0, (1 << 63) - 1, (), dtype=self.torch.int64))
-
-
-class _NumPy:
-    """Inputs and outputs as NumPy arrays (anything np.asarray accepts comes in)."""
-
-    def prepare(self, name, x, output=False):
-        """x as an array the library can read (`output`: write) in place, or the error that
-        says why not. The one place where a NumPy argument's kind of array is checked."""
-        if _is_torch_tensor(x):
-            raise TypeError(f"{name}: expected a NumPy array like the query, got a torch.Tensor")
-        if output and not isinstance(x, np.ndarray):
-            # np.asarray would make a new array: the result would go there, not to the caller.
-            kind = f"{type(x).__module__}.{type(x).__name__}"
-            raise TypeError(f"{name}: expected a NumPy array like the query, got {kind}")
-        a = np.asarray(x)  # an ndarray passes through untouched
-        # DLPack (and so the binding) has no extended precision (np.longdouble, float128).
-        extended = a.dtype.itemsize > {"f": 8, "c": 16}.get(a.dtype.kind, a.dtype.itemsize)
-        if a.dtype.kind not in "biufc" or not a.dtype.isnative or extended:
-            raise TypeError(f"{name}: expected float16, float32 or float64 (bool for a mask), got {a.dtype}")
-        # DLPack strides count elements; a field of a structured array steps over the other
-        # fields, by a byte count that is no multiple of its own size. (Dims of size 1 have
-        # no step to express, as NumPy's own DLPack export rules.)
-        if a.size > 1 and any(n > 1 and s % a.itemsize for n, s in zip(a.shape, a.strides)):
-            raise ValueError(f"{name}: expected strides that are whole elements of {a.itemsize} bytes, got byte "
-                             f"strides {a.strides} (a field of a structured array?)")
-        if output and not a.flags.writeable:
-            raise ValueError(f"{name}: expected a writable array, got a read-only one")
-        return a
-
-    def empty(self, shape, dtype):
-        return np.empty(tuple(shape), dtype=dtype)
-
-    def lse_dtype(self, query):
-        return np.float64 if query.dtype == np.float64 else np.float32
-
-    def broadcast_to(self, x, shape):
-        return np.broadcast_to(x, tuple(shape))
-
-    def unsqueeze(self, x):
-        return x[np.newaxis]
-
-    def swap(self, x, a, b):
-        return np.swapaxes(x, a, b)  # a view: (total, H, E) as (H, total, E)
-
-    def draw_seed(self) -> int:
-        # From NumPy's global generator, so np.random.seed makes dropout reproducible.
-        return int(np.random.randint(0, (1 << 63) - 1, dtype=np.int64))
-
-
-def _framework(query):
-    return _Torch() if _is_torch_tensor(query) else _NumPy()
-
-
-# Python numbers become the C++ library's double, int64_t and uint64_t here, so that a
-# value those cannot hold gets the library's kind of error naming the argument, not
-# nanobind's "incompatible function arguments" or float()'s OverflowError. The ranges that
-# mean something (p < 1, window >= -1, ...) stay the library's to check.
 
 
 def _prepare_qkv(fw, query, key, value):
     """query, key and value as the binding takes them (each checked under its own name)."""
     return fw.prepare("query", query), fw.prepare("key", key), fw.prepare("value", value)
-
-def _real(name, value, expected="a float") -> float:
-    """A Python number as a float. An int beyond the float range becomes ±inf, which the
-    library refuses in its own words wherever a value must be finite."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
-
-
-def _power_of_two(n: int) -> str:
-    return "0" if n == 0 else ("-" if n < 0 else "") + f"2**{abs(n).bit_length() - 1}"
-
-
-def _integer(name, value, *, low=-_INT64_END, end=_INT64_END, expected="an int") -> int:
-    """An int in [low, end): int64 unless told (low and end are 0 or powers of two)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
-    value = int(value)
-    if not low <= value < end:
-        shown = str(value) if value.bit_length() <= 256 else f"an int of {value.bit_length()} bits"
-        raise ValueError(f"{name}: expected an integer in [{_power_of_two(low)}, {_power_of_two(end)}), got {shown}")
-    return value
-
-
-def _seed_value(name, seed, expected="an int") -> int:
-    """A Philox seed: a uint64."""
-    return _integer(name, seed, low=0, end=_UINT64_END, expected=expected)
-
-
-def _dropout(dropout_p) -> float:
-    return _real("dropout_p", dropout_p)  # the range is checked by the library
-
-
-def _scale(scale):
-    if scale is None:
-        return None
-    return _real("scale", scale, "a float or None")  # finiteness is checked by the library
-
-
-def _seed(fw, seed, dropout_p: float) -> int:
-    if seed is None:
-        # p = 0 draws nothing, so inference does not advance the caller's generator.
-        return fw.draw_seed() if dropout_p > 0 else 0
-    return _seed_value("seed", seed, "an int or None")
-
-
-def _causal(causal) -> str:
-    if isinstance(causal, str) and causal in _CAUSAL:
-        return _CAUSAL[causal]
-    if causal is None:
-        return "none"
-    hint = ""
-    if isinstance(causal, bool):
-        # The two libraries people port from disagree on what True means.
-        hint = " (torch's is_causal=True is 'top_left', FlashAttention's causal=True is 'bottom_right')"
-    raise ValueError(f"causal: expected None, 'top_left' or 'bottom_right', got {causal!r}{hint}")
-
-
-def _alignment(alignment):
-    if alignment is None:
-        return None
-    if isinstance(alignment, str) and alignment in ("top_left", "bottom_right"):
-        return alignment
-    raise ValueError(f"alignment: expected None, 'top_left' or 'bottom_right', got {alignment!r}")
-
-
-def _window(window_size) -> tuple[int, int]:
-    """(left, right) as ints; -1 leaves a side unbounded (the library checks the range)."""
-    if window_size is None:
-        return -1, -1
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}") from None
-    # The range (>= -1) is checked by the library.
-    return tuple(_integer(f"window_size[{n}]", side, expected="an int (-1 = unbounded)")
-                 for n, side in enumerate((left, right)))
-
-
-def _softcap(softcap) -> float:
-    return _real("softcap", softcap, "a float (0 = off)")  # the range (finite, >= 0) is checked by the library
-
-
-def _reals(name, values) -> list[float]:
-    """A list or tuple of numbers, each a float as _real makes it."""
-    return [_real(f"{name}[{n}]", x) for n, x in enumerate(values)]
 
 
 def _slopes(fw, alibi_slopes):
@@ -281,20 +57,6 @@ def _integers(fw, name, x):
     # has strides DLPack cannot express.
     x = np.ascontiguousarray(x)
     return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
-
-
-def _make_options(fw, *, causal=None, scale=None, dropout_p=0.0, seed=None, window_size=(-1, -1),
-                  alignment=None, softcap=0.0) -> Options:
-    """The keywords of every public function as the one Options of the call (sdpa/_options.py:
-    sdpa::Options' scalar fields). Each is checked for its type here, the error naming the
-    keyword as the caller spelled it; the ranges are the library's to check. `seed` None
-    draws one from the caller's framework (`fw`) when dropout_p > 0. The fields no public
-    function takes (offset, backend, num_threads) keep sdpa::Options' defaults."""
-    dropout_p = _dropout(dropout_p)
-    window_left, window_right = _window(window_size)
-    return Options(causal=_causal(causal), scale=_scale(scale), window_left=window_left, window_right=window_right,
-                   alignment=_alignment(alignment), softcap=_softcap(softcap), dropout_p=dropout_p,
-                   seed=_seed(fw, seed, dropout_p))
 
 
 def _batch_dims(ndim: int) -> int:
@@ -409,8 +171,8 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     m = None if mask is None else fw.prepare("mask", mask)
     slopes = _slopes(fw, alibi_slopes)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
-    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
-                            window_size=window_size, alignment=alignment, softcap=softcap)
+    options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                           window_size=window_size, alignment=alignment, softcap=softcap)
     output, weights, lse = _run(fw, q, k, v, m, slopes, options, weights=return_weights, lse=return_lse, out=out,
                                 mask_name="mask")
     if not (return_weights or return_lse):
@@ -462,8 +224,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
     slopes = _slopes(fw, alibi_slopes)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
-    options = _make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
-                            seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
+    options = make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
+                           seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
 
     # torch reads dim -3 as the head dim when it applies GQA, also at rank 3; the library's
     # rank 3 is (batch, seq, dim), so such inputs become (1, heads, seq, dim).
@@ -562,8 +324,8 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
     slopes = _slopes(fw, alibi_slopes)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
-    options = _make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
-                            window_size=window_size, alignment=alignment, softcap=softcap)
+    options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
+                           window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
         from . import _autograd
 
@@ -623,8 +385,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
     fw = _framework(query)
-    options = _make_options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment,
-                            softcap=softcap)
+    options = make_options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment,
+                           softcap=softcap)
     q = fw.prepare("query", query)
     kp = fw.prepare("key_pages", key_pages)
     vp = fw.prepare("value_pages", value_pages)

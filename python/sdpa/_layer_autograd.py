@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from . import _autograd
-from ._api import _make_options
+from ._options import make_options
 
 
 def parameters(core) -> dict:
@@ -81,8 +81,8 @@ def layer_formula(params: dict, config: dict, rope, *, causal: str, dropout_p: f
     slopes = torch.tensor(config["alibi_slopes"], dtype=torch.float64) if config["alibi_slopes"] else None
     # The options the C++ layer passes to sdpa::forward (no alignment: the library's default,
     # as the C++ layer leaves it).
-    options = _make_options(None, causal=None if causal == "none" else causal, dropout_p=dropout_p, seed=seed,
-                            window_size=config["window_size"], softcap=config["softcap"])
+    options = make_options(None, causal=None if causal == "none" else causal, dropout_p=dropout_p, seed=seed,
+                           window_size=config["window_size"], softcap=config["softcap"])
 
     def heads(x, projection, count):  # (B, T, width) -> (B, count, T, D)
         y = F.linear(x, params[projection + ".weight"], params.get(projection + ".bias"))

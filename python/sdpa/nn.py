@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._api import _framework, _integer, _is_torch_tensor, _real, _reals, _seed, _seed_value, _window
+from ._frameworks import _framework, _is_torch_tensor
+from ._options import _integer, _real, _reals, _seed, _seed_value, _window
 
 _DTYPES = {"float32": "float32", "float64": "float64"}
 # What the binding reads through DLPack; other float parameters are converted first.

@@ -103,7 +103,7 @@ sdpa::Causal causal_of(const std::string& causal, const char* argument) {
 
 void register_options(nb::module_& m) {
   nb::class_<Options> options(m, "Options",
-                              "sdpa::Options (include/sdpa/options.h) but its tensors; built by sdpa/_api.py.");
+                              "sdpa::Options (include/sdpa/options.h) but its tensors; built by sdpa/_options.py (make_options, to_core).");
   options.def(nb::init<>());
   // One line per scalar field of sdpa::Options, in its order (a new option adds its line).
   Fields fields(options);

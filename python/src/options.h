@@ -1,5 +1,5 @@
 // sdpa::Options as sdpa._core.Options: bound once here, taken whole by every function of
-// sdpa._core (module.cpp), built once in Python (sdpa/_api.py `_options`).
+// sdpa._core (module.cpp), built once in Python (sdpa/_options.py `make_options`).
 #pragma once
 
 #include <nanobind/nanobind.h>

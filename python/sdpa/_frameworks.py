@@ -1,0 +1,133 @@
+"""The caller's framework: inputs checked and outputs allocated as torch tensors or NumPy
+arrays, so that the C++ library reads and writes the caller's memory in place (DLPack) and
+nothing is copied. The public functions (sdpa/_api.py) and the layers (sdpa/nn.py) take the
+query's framework for the whole call."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def _torch_module():
+    # torch is optional: it is only touched when the caller passes torch tensors, and then it
+    # is already imported.
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(x) -> bool:
+    torch = _torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+class _Torch:
+    """Inputs and outputs as torch tensors (CPU, strided layout)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def prepare(self, name, x, output=False):
+        """x as the library can read it (`output`: write it) in place, or the error that says
+        why not. The one place where a torch argument's kind of tensor is checked."""
+        torch = self.torch
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor like the query, got {type(x).__module__}.{type(x).__name__}")
+        # A nested tensor reports layout torch.strided (unless it is jagged) but has no sizes.
+        if x.is_nested:
+            raise TypeError(f"{name}: expected a strided (dense) tensor, got a nested tensor")
+        if x.layout != torch.strided:
+            raise TypeError(f"{name}: expected a strided (dense) tensor, got layout {x.layout}")
+        if x.is_quantized:  # DLPack has no quantized types
+            raise TypeError(f"{name}: expected a tensor of plain numbers, got the quantized dtype {x.dtype}")
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got device {x.device} (sdpa has no GPU backend yet)")
+        # A tensor that requires grad stays attached: _run sends it through the autograd op
+        # (sdpa/_autograd.py), or detaches it (a view, no copy) when no gradient is wanted.
+        # (Under torch.compile the custom op resolves the bits below, and the checks would
+        # break the graph.)
+        if torch.compiler.is_compiling():
+            return x
+        # A lazily negated view (torch._neg_view, z.conj().imag) holds -x in memory, and
+        # DLPack exports that memory as it is. An input is resolved (a negated copy, read
+        # once); an output cannot be: the library would write the copy, which the caller
+        # never sees (or, unresolved, the memory, which the caller reads negated).
+        if output and (x.is_neg() or x.is_conj()):
+            bit = "negative bit (torch._neg_view, z.conj().imag)" if x.is_neg() else "conjugate bit (z.conj())"
+            raise TypeError(f"{name}: expected a tensor whose memory holds its values, got a view with torch's lazy "
+                            f"{bit}, which the library cannot write in place")
+        if x.is_neg():
+            x = x.resolve_neg()
+        return x
+
+    def empty(self, shape, dtype):
+        return self.torch.empty(tuple(shape), dtype=dtype, device="cpu")
+
+    def lse_dtype(self, query):
+        return self.torch.float64 if query.dtype == self.torch.float64 else self.torch.float32
+
+    def broadcast_to(self, x, shape):
+        return x.expand(*shape)
+
+    def unsqueeze(self, x):
+        return x.unsqueeze(0)
+
+    def swap(self, x, a, b):
+        return x.transpose(a, b)  # a view: (total, H, E) as (H, total, E)
+
+    def draw_seed(self) -> int:
+        # From torch's default CPU generator, so torch.manual_seed makes dropout reproducible.
+        return int(self.torch.randint(0, (1 << 63) - 1, (), dtype=self.torch.int64))
+
+
+class _NumPy:
+    """Inputs and outputs as NumPy arrays (anything np.asarray accepts comes in)."""
+
+    def prepare(self, name, x, output=False):
+        """x as an array the library can read (`output`: write) in place, or the error that
+        says why not. The one place where a NumPy argument's kind of array is checked."""
+        if _is_torch_tensor(x):
+            raise TypeError(f"{name}: expected a NumPy array like the query, got a torch.Tensor")
+        if output and not isinstance(x, np.ndarray):
+            # np.asarray would make a new array: the result would go there, not to the caller.
+            kind = f"{type(x).__module__}.{type(x).__name__}"
+            raise TypeError(f"{name}: expected a NumPy array like the query, got {kind}")
+        a = np.asarray(x)  # an ndarray passes through untouched
+        # DLPack (and so the binding) has no extended precision (np.longdouble, float128).
+        extended = a.dtype.itemsize > {"f": 8, "c": 16}.get(a.dtype.kind, a.dtype.itemsize)
+        if a.dtype.kind not in "biufc" or not a.dtype.isnative or extended:
+            raise TypeError(f"{name}: expected float16, float32 or float64 (bool for a mask), got {a.dtype}")
+        # DLPack strides count elements; a field of a structured array steps over the other
+        # fields, by a byte count that is no multiple of its own size. (Dims of size 1 have
+        # no step to express, as NumPy's own DLPack export rules.)
+        if a.size > 1 and any(n > 1 and s % a.itemsize for n, s in zip(a.shape, a.strides)):
+            raise ValueError(f"{name}: expected strides that are whole elements of {a.itemsize} bytes, got byte "
+                             f"strides {a.strides} (a field of a structured array?)")
+        if output and not a.flags.writeable:
+            raise ValueError(f"{name}: expected a writable array, got a read-only one")
+        return a
+
+    def empty(self, shape, dtype):
+        return np.empty(tuple(shape), dtype=dtype)
+
+    def lse_dtype(self, query):
+        return np.float64 if query.dtype == np.float64 else np.float32
+
+    def broadcast_to(self, x, shape):
+        return np.broadcast_to(x, tuple(shape))
+
+    def unsqueeze(self, x):
+        return x[np.newaxis]
+
+    def swap(self, x, a, b):
+        return np.swapaxes(x, a, b)  # a view: (total, H, E) as (H, total, E)
+
+    def draw_seed(self) -> int:
+        # From NumPy's global generator, so np.random.seed makes dropout reproducible.
+        return int(np.random.randint(0, (1 << 63) - 1, dtype=np.int64))
+
+
+def _framework(query):
+    return _Torch() if _is_torch_tensor(query) else _NumPy()
