@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the project's Python environment at .venv and reuses it: a second run downloads
 # nothing. NumPy for the CLI's conformance test; PyTorch, pytest and hypothesis for the
-# Python package's suite; nanobind and scikit-build-core to build that package.
+# Python package's suite, transformers for its integration's tests (small models built from
+# config classes, no weights); nanobind and scikit-build-core to build that package.
 #
 # With --package it also builds the sdpa package (pyproject.toml) and installs it into
 # .venv: only when its sources changed since the last install, and without downloading
