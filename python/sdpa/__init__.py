@@ -6,14 +6,17 @@
     out = sdpa.attention(q, k, v, window_size=(128, 0), alibi_slopes=slopes, softcap=30.0)
     out = sdpa.varlen_attention(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k)
     out = sdpa.paged_attention(q, k_pages, v_pages, block_table, seq_lens, causal="bottom_right")
+    with sdpa.patch_torch():  # torch.nn.functional.scaled_dot_product_attention's CPU calls on sdpa
+        y = torch_module(x)
 
-All take torch tensors or NumPy arrays and return the same kind, reading the inputs in
+The functions take torch tensors or NumPy arrays and return the same kind, reading the inputs in
 place through DLPack whatever their strides. The semantics are PyTorch's; the few places
 where sdpa differs are in docs/semantics.md ("Python").
 """
 
 from . import _core
 from ._api import attention, paged_attention, scaled_dot_product_attention, varlen_attention
+from ._patch import patch_torch
 from .nn import KVCache, MultiheadAttention
 
 __version__ = _core.version()
@@ -25,4 +28,4 @@ def runtime_info() -> dict:
 
 
 __all__ = ["attention", "scaled_dot_product_attention", "varlen_attention", "paged_attention", "MultiheadAttention",
-           "KVCache", "runtime_info", "__version__"]
+           "KVCache", "patch_torch", "runtime_info", "__version__"]
