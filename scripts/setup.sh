@@ -10,6 +10,8 @@ packages=(
   # the CLI's pictures: Cairo (found through pkg-config) and DejaVu Sans, a TrueType font
   pkgconf libcairo2-dev fonts-dejavu-core
   python3 python3-venv python3-dev
+  # ring attention across processes (src/dist/, optional: the build skips it without MPI)
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

@@ -111,7 +111,8 @@ std::vector<Span> input_spans_of(const CheckedInputs& in) {
   return spans;
 }
 
-// The input side of a Problem: sizes, query/key/value/mask operands, the scalars.
+}  // namespace
+
 Problem resolve_inputs(const CheckedInputs& in) {
   const TensorView& query = *in.query;
   const Options& options = *in.options;
@@ -135,8 +136,6 @@ Problem resolve_inputs(const CheckedInputs& in) {
   resolve_options(options, query.dtype, p);
   return p;
 }
-
-}  // namespace
 
 void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape, DType dtype,
                           DType lse_dtype, std::vector<Span>& input_spans) {

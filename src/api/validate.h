@@ -29,6 +29,11 @@ struct CheckedInputs {
 CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
                            const Options& options);
 
+// The input side of a Problem: sizes, query/key/value/mask operands, the scalars; no
+// outputs. make_problem adds the checked outputs; ring attention (src/dist/) its own
+// partial outputs in the accumulation dtype.
+Problem resolve_inputs(const CheckedInputs& inputs);
+
 // Checks the output buffers against `inputs` and resolves everything into a Problem.
 Problem make_problem(const CheckedInputs& inputs, const ForwardOutputs& outputs);
 

@@ -38,9 +38,14 @@ inline std::uint64_t mix64(std::uint64_t x) {
 //   word    = Philox4x32-10(counter, key)[j % 4]
 //   keep    <=> word >= threshold,  threshold = round(p · 2^32)
 // One Philox call serves four neighbouring keys j.
+//
+// `row0` and `col0` are where a shard's rows and keys start in the whole problem (ring
+// attention, src/dist/: each rank computes with local indices): i and j are counted
+// from them, so that a shard draws bitwise the mask the single-process call draws.
 class DropoutMask {
  public:
-  DropoutMask(double p, std::uint64_t seed, std::uint64_t offset) {
+  DropoutMask(double p, std::uint64_t seed, std::uint64_t offset, std::int64_t row0 = 0, std::int64_t col0 = 0)
+      : row0_(row0), col0_(col0) {
     const std::uint64_t key = seed ^ mix64(offset);
     key0_ = static_cast<std::uint32_t>(key);
     key1_ = static_cast<std::uint32_t>(key >> 32);
@@ -48,15 +53,15 @@ class DropoutMask {
     threshold_ = t >= 4294967295.0 ? 0xffffffffu : static_cast<std::uint32_t>(t);
   }
 
-  // The four words for keys 4·(j/4) … 4·(j/4)+3.
+  // The four words for keys 4·(j/4) … 4·(j/4)+3 (j, i counted from col0, row0).
   PhiloxBlock words(std::int64_t batch, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    return philox4x32_10({static_cast<std::uint32_t>(j >> 2), static_cast<std::uint32_t>(i),
+    return philox4x32_10({static_cast<std::uint32_t>((j + col0_) >> 2), static_cast<std::uint32_t>(i + row0_),
                           static_cast<std::uint32_t>(head), static_cast<std::uint32_t>(batch)},
                          key0_, key1_);
   }
   bool keep_word(std::uint32_t word) const { return word >= threshold_; }
   bool keep(std::int64_t batch, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    return keep_word(words(batch, head, i, j)[j & 3]);
+    return keep_word(words(batch, head, i, j)[(j + col0_) & 3]);
   }
 
   // Calls keep_key(c, kept) for keys j0 + c, c < count, of row (batch, head, i), in
@@ -66,13 +71,14 @@ class DropoutMask {
                     KeepKey&& keep_key) const {
     PhiloxBlock block{};
     for (std::int64_t c = 0; c < count; ++c) {
-      const std::int64_t j = j0 + c;
-      if (c == 0 || (j & 3) == 0) block = words(batch, head, i, j);
-      keep_key(c, keep_word(block[j & 3]));
+      const std::int64_t j = j0 + c, lane = (j + col0_) & 3;
+      if (c == 0 || lane == 0) block = words(batch, head, i, j);
+      keep_key(c, keep_word(block[lane]));
     }
   }
 
  private:
+  std::int64_t row0_, col0_;
   std::uint32_t key0_, key1_, threshold_;
 };
 

@@ -74,6 +74,11 @@ struct Problem {
   // Dropout's batch counter for batch element b is first_batch + b: a varlen sequence
   // or a paged sequence, run as a problem of its own, draws as its batch element.
   std::int64_t first_batch = 0;
+  // A shard of a larger problem (ring attention, src/dist/): its query rows and keys
+  // start at these indices of the whole one. Dropout counts i and j from them; the band
+  // and ALiBi need nothing more, as the shard's diagonal_shift is the whole problem's
+  // plus query_offset − key_offset.
+  std::int64_t query_offset = 0, key_offset = 0;
   double dropout_p = 0.0;
   std::uint64_t seed = 0, offset = 0;
   int num_threads = 0;

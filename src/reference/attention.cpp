@@ -23,7 +23,7 @@ constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 }  // namespace
 
 void reference_forward(const Problem& p) {
-  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset, p.query_offset, p.key_offset);
   const double keep_scale = 1.0 / (1.0 - p.dropout_p);
 
   for (std::int64_t b = 0; b < p.batch; ++b) {

@@ -25,7 +25,7 @@
 namespace sdpa::detail {
 
 void reference_backward(const BackwardProblem& p) {
-  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset, p.query_offset, p.key_offset);
   const double keep_scale = 1.0 / (1.0 - p.dropout_p);
   const std::size_t S = static_cast<std::size_t>(p.S);
   std::vector<double> probs(S), keep(S), dprobs(S), dscores(S), capped(S), dq(static_cast<std::size_t>(p.E));

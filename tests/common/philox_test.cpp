@@ -59,5 +59,24 @@ TEST(DropoutMask, EveryCoordinateMatters) {
   for (int differ : {differ_batch, differ_head, differ_row, differ_col}) EXPECT_NEAR(differ, 512, 5 * 16);
 }
 
+// A shard's mask (ring attention: rows and keys counted from row0, col0) is the whole
+// problem's, bitwise, including a first key that is not a multiple of four (one Philox
+// call serves four keys: the shard must pick the right word of the right block).
+TEST(DropoutMask, ShardOffsetsDrawTheWholeProblemsMask) {
+  const DropoutMask whole(0.37, 11, 3);
+  for (std::int64_t row0 : {0, 5, 1000})
+    for (std::int64_t col0 : {0, 1, 2, 3, 6, 4097}) {
+      const DropoutMask shard(0.37, 11, 3, row0, col0);
+      for (std::int64_t i = 0; i < 3; ++i) {
+        for (std::int64_t j = 0; j < 37; ++j)
+          ASSERT_EQ(shard.keep(1, 2, i, j), whole.keep(1, 2, i + row0, j + col0)) << row0 << ' ' << col0;
+        for (std::int64_t j0 : {0, 1, 5})
+          shard.for_each_key(1, 2, i, j0, 23, [&](std::int64_t c, bool kept) {
+            ASSERT_EQ(kept, whole.keep(1, 2, i + row0, j0 + c + col0)) << row0 << ' ' << col0 << ' ' << j0;
+          });
+      }
+    }
+}
+
 }  // namespace
 }  // namespace sdpa::detail

@@ -81,7 +81,7 @@ void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std
   T* dscores = s.dscores.data();
   score_tile<T>(s.q.data(), s.k.data(), rows, cols, p.E, static_cast<T>(p.scale), probs, kKeyTile);
   score_tile<T>(s.dout.data(), s.v.data(), rows, cols, p.Ev, T{1}, dscores, kKeyTile);  // dO Vᵀ
-  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset, p.query_offset, p.key_offset);
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
   T keep[kKeyTile];  // Z of one row: keep/(1−p) or 0
   for (std::int64_t r = 0; r < rows; ++r) {

@@ -72,7 +72,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   const std::int64_t qm = p.q_matrix(b, h), kvm = p.kv_matrix(b, h);
   const std::int64_t rows = std::min(kQueryTile, p.L - i0);
   const bool dropping = p.dropout_p > 0.0;
-  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset, p.query_offset, p.key_offset);
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
 
   pack_rows<T>(p.query, qm, i0, rows, p.E, s.q.data());

@@ -112,7 +112,7 @@ inline bool ApplyMask(const Problem& p, const RowSet& set, float* st, std::size_
 // keys in [visible, padded) and for padding rows.
 inline void DropoutFactors(const Problem& p, std::int64_t batch, const RowSet& set, std::int64_t j0,
                            std::int64_t visible, std::int64_t padded, float* zt, std::size_t stride) {
-  const DropoutMask dropout(p.dropout_p, p.seed, p.offset);
+  const DropoutMask dropout(p.dropout_p, p.seed, p.offset, p.query_offset, p.key_offset);
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   std::fill(zt, zt + static_cast<std::size_t>(padded) * stride, 0.0f);
   for (std::size_t r = 0; r < set.rows.size(); ++r)

@@ -1,0 +1,66 @@
+// Exact attention over a sequence split across MPI processes (ring attention, Liu et al.
+// 2023): each rank holds its shard of Q, K and V along the sequence, K/V shards travel
+// around the ring, and each rank merges its partial outputs exactly by their
+// log-sum-exp. Built where MPI is found (library sdpa_dist). docs/distributed.md says
+// how to run it and what it costs.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sdpa/sdpa.h"
+
+namespace sdpa::distributed {
+
+// How a global sequence of length n is cut among N ranks.
+//   contiguous: rank r holds rows [r·n/N, (r+1)·n/N)                (integer division)
+//   zigzag:     the sequence is cut into 2N chunks, chunk c = [c·n/(2N), (c+1)·n/(2N));
+//               rank r holds chunks r and 2N−1−r, in that order — under a causal mask
+//               every rank then does the same work (ring-flash-attention, Megatron's
+//               context parallelism).
+// Lengths need not divide: shards differ by at most a row (two for zigzag).
+enum class Partition { contiguous, zigzag };
+
+// The global problem every rank's shard belongs to; the same on every rank.
+struct Sharding {
+  std::int64_t query_length = 0;  // global L
+  std::int64_t key_length = 0;    // global S
+  Partition partition = Partition::contiguous;
+};
+
+// Rows [begin, end) of the global sequence.
+struct RowRange {
+  std::int64_t begin = 0, end = 0;
+};
+
+// The global rows rank `rank` of `ranks` holds, in the order its shard stores them.
+std::vector<RowRange> shard_rows(std::int64_t length, int ranks, int rank, Partition partition);
+// Their count: the shard's length along the sequence.
+std::int64_t shard_length(std::int64_t length, int ranks, int rank, Partition partition);
+
+// The forward of the whole problem, computed from this rank's shards. Collective over
+// `comm`: every rank calls it with the same Sharding and options and its own shards,
+//   query (..., Hq, Lr, E), key (..., Hkv, Sr, E), value (..., Hkv, Sr, Ev)
+// where Lr, Sr are shard_length(L or S, size, rank, partition), and receives its rows of
+// the output (..., Hq, Lr, Ev) and, when asked, of the lse (..., Hq, Lr). The result is
+// the single-process sdpa::forward's on the whole sequence: masks, windows and ALiBi see
+// global indices, and dropout draws bitwise the single-process mask. Options as
+// sdpa::forward's, except: no weights, and the mask (when given) is a bool key-padding
+// mask, this rank's keys' flags, shape (..., 1, 1, Sr) or (Sr,) (true = the key takes
+// part); it travels with its K/V shard.
+//
+// Every rank validates its arguments, then all agree (one collective) before any ring
+// traffic: a bad shard on one rank raises sdpa::Error on every rank — never a hang.
+void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, const TensorView& value,
+             const ForwardOutputs& outputs, const Sharding& sharding, const Options& options = {});
+
+// Gradients of the whole problem's loss for this rank's shards (collective, as forward):
+// inputs.output and inputs.lse are this rank's rows of forward's results; each rank
+// receives dQ, dK and dV of its own shards (dK, dV are summed over every rank's queries
+// as they travel back around the ring, in float32 — float64 for float64).
+void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs& outputs, const Sharding& sharding,
+              const Options& options = {});
+
+}  // namespace sdpa::distributed

@@ -1,0 +1,50 @@
+#include "dist/exchange.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace sdpa::distributed::detail {
+
+namespace {
+
+// MPI counts are int: a larger buffer goes as several messages of at most 1 GiB, in
+// order (MPI keeps the order of messages between two ranks with the same tag).
+constexpr std::size_t kMessageBytes = std::size_t{1} << 30;
+
+}  // namespace
+
+Exchange::~Exchange() {
+  // Only after an exception between start() and wait(): the buffers are about to be
+  // freed, so the transfers must end first (the peer made the same calls).
+  if (!requests_.empty()) wait();
+}
+
+void Exchange::start(const void* send, std::size_t send_bytes, int to, void* receive, std::size_t receive_bytes,
+                     int from) {
+  for (std::size_t at = 0; at < receive_bytes; at += kMessageBytes) {
+    requests_.emplace_back();
+    MPI_Irecv(static_cast<std::byte*>(receive) + at, static_cast<int>(std::min(kMessageBytes, receive_bytes - at)),
+              MPI_BYTE, from, tag_, comm_, &requests_.back());
+  }
+  for (std::size_t at = 0; at < send_bytes; at += kMessageBytes) {
+    requests_.emplace_back();
+    MPI_Isend(static_cast<const std::byte*>(send) + at, static_cast<int>(std::min(kMessageBytes, send_bytes - at)),
+              MPI_BYTE, to, tag_, comm_, &requests_.back());
+  }
+  bytes_sent_ += static_cast<double>(send_bytes);
+}
+
+void Exchange::poll() {
+  if (requests_.empty()) return;
+  int done = 0;
+  MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
+  if (done) requests_.clear();
+}
+
+void Exchange::wait() {
+  if (requests_.empty()) return;
+  MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  requests_.clear();
+}
+
+}  // namespace sdpa::distributed::detail

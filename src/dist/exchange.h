@@ -1,0 +1,38 @@
+// The ring's transport: this rank's buffer to the next rank while the previous rank's
+// arrives, with MPI_Isend / MPI_Irecv, so that the transfer runs while the shard in hand
+// is computed (double buffering). The caller polls between pieces of its compute:
+// Open MPI moves a large (rendezvous) message only inside MPI calls, so without a test
+// now and then the transfer would wait for the final MPI_Waitall.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace sdpa::distributed::detail {
+
+class Exchange {
+ public:
+  explicit Exchange(MPI_Comm comm, int tag) : comm_(comm), tag_(tag) {}
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+  ~Exchange();
+
+  // Starts sending `send_bytes` to rank `to` and receiving `receive_bytes` from `from`.
+  void start(const void* send, std::size_t send_bytes, int to, void* receive, std::size_t receive_bytes, int from);
+  // Lets MPI move data (MPI_Testall); returns at once.
+  void poll();
+  // Blocks until both transfers are done.
+  void wait();
+  // Bytes this rank has sent through it.
+  double bytes_sent() const { return bytes_sent_; }
+
+ private:
+  MPI_Comm comm_;
+  int tag_;
+  std::vector<MPI_Request> requests_;
+  double bytes_sent_ = 0;
+};
+
+}  // namespace sdpa::distributed::detail

@@ -1,0 +1,336 @@
+// Ring attention (sdpa::distributed, src/dist/) against the single-process sdpa::forward
+// on the whole sequence. Run under mpirun with 2 and 4 ranks (tests/dist/CMakeLists.txt):
+// every rank builds the same global inputs from one seed, runs the single-process call,
+// takes its own shard and compares its rows of the ring's result. Tolerances: float64
+// within 1e-12 (with dropout this pins the mask bitwise: one key kept or dropped
+// differently moves an output by ~p_ij·|v|/(1 − p), far above 1e-12), float32 within
+// the float32 rule of DESIGN.md §4 (1e-5 · max(1, max|O|)), bfloat16 against the
+// float64 oracle by that rule.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "sdpa/distributed.h"
+#include "testing/helpers.h"
+
+namespace sdpa::distributed {
+namespace {
+
+using testing::Shape;
+
+int comm_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int comm_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Rows (dim −2) of `full` that `ranges` name, in order, as one packed tensor.
+Tensor gather_rows(const Tensor& full, const std::vector<RowRange>& ranges) {
+  Shape shape = full.shape();
+  const std::size_t d = shape.size() - 2;
+  const std::int64_t rows_full = shape[d], cols = shape.back();
+  std::int64_t rows = 0;
+  for (const RowRange& r : ranges) rows += r.end - r.begin;
+  shape[d] = rows;
+  Tensor out(full.dtype(), shape);
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * dtype_size(full.dtype());
+  std::int64_t matrices = 1;
+  for (std::size_t k = 0; k < d; ++k) matrices *= shape[k];
+  auto* dst = static_cast<std::byte*>(out.data());
+  const auto* src = static_cast<const std::byte*>(full.data());
+  for (std::int64_t m = 0; m < matrices; ++m)
+    for (const RowRange& r : ranges)
+      for (std::int64_t i = r.begin; i < r.end; ++i, dst += row_bytes)
+        std::memcpy(dst, src + static_cast<std::size_t>(m * rows_full + i) * row_bytes, row_bytes);
+  return out;
+}
+
+struct RingCase {
+  DType dtype = DType::float32;
+  Shape batch{2};
+  std::int64_t Hq = 4, Hkv = 2, L = 37, S = 37, E = 16, Ev = 8;
+  Partition partition = Partition::contiguous;
+  Options options;
+  bool key_padding = false;
+  bool alibi = false;
+};
+
+Shape dims(const Shape& batch, std::int64_t h, std::int64_t rows, std::int64_t cols) {
+  Shape s = batch;
+  s.insert(s.end(), {h, rows, cols});
+  return s;
+}
+
+// Runs the case on every rank and checks this rank's rows.
+void expect_ring_matches(RingCase c) {
+  const int N = comm_size(), r = comm_rank();
+  std::mt19937_64 rng(1234);  // the same inputs on every rank
+  const Tensor q = testing::random_tensor(c.dtype, dims(c.batch, c.Hq, c.L, c.E), rng);
+  const Tensor k = testing::random_tensor(c.dtype, dims(c.batch, c.Hkv, c.S, c.E), rng);
+  const Tensor v = testing::random_tensor(c.dtype, dims(c.batch, c.Hkv, c.S, c.Ev), rng);
+  Tensor padding, slopes;
+  Options single = c.options;
+  if (c.key_padding) {
+    padding = testing::random_bool(dims(c.batch, 1, 1, c.S), rng, 0.7);
+    single.mask = padding.view();
+  }
+  if (c.alibi) {
+    slopes = Tensor(DType::float64, {c.Hq});
+    for (std::int64_t h = 0; h < c.Hq; ++h) slopes.set(h, 0.5 / static_cast<double>(h + 1));
+    single.alibi_slopes = slopes.view();
+  }
+  const ForwardResult whole = sdpa::forward(q.view(), k.view(), v.view(), single, {.lse = true});
+
+  const auto q_rows = shard_rows(c.L, N, r, c.partition), k_rows = shard_rows(c.S, N, r, c.partition);
+  const Tensor q_shard = gather_rows(q, q_rows), k_shard = gather_rows(k, k_rows), v_shard = gather_rows(v, k_rows);
+  Options ring = c.options;
+  Tensor padding_shard;
+  if (c.key_padding) {
+    // The mask's keys are its last dim: its transpose's rows.
+    padding_shard = Tensor(DType::boolean, dims(c.batch, 1, 1, shard_length(c.S, N, r, c.partition)));
+    std::int64_t batch = 1;
+    for (std::int64_t b : c.batch) batch *= b;
+    auto* dst = static_cast<bool*>(padding_shard.data());
+    const auto* src = static_cast<const bool*>(padding.data());
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (const RowRange& range : k_rows)
+        for (std::int64_t j = range.begin; j < range.end; ++j) *dst++ = src[b * c.S + j];
+    ring.mask = padding_shard.view();
+  }
+  if (c.alibi) ring.alibi_slopes = slopes.view();
+  Tensor out(c.dtype, dims(c.batch, c.Hq, shard_length(c.L, N, r, c.partition), c.Ev));
+  Tensor lse(c.dtype == DType::float64 ? DType::float64 : DType::float32,
+             Shape(out.shape().begin(), out.shape().end() - 1));
+  forward(MPI_COMM_WORLD, q_shard.view(), k_shard.view(), v_shard.view(), {out.view(), std::nullopt, lse.view()},
+          {c.L, c.S, c.partition}, ring);
+
+  const Tensor expected_out = gather_rows(whole.output, q_rows);
+  Tensor whole_lse_as_rows = whole.lse;  // (…, L) seen as (…, L, 1)
+  {
+    Shape s = whole.lse.shape();
+    s.push_back(1);
+    Tensor t(whole.lse.dtype(), s);
+    std::memcpy(t.data(), whole.lse.data(), whole.lse.nbytes());
+    whole_lse_as_rows = gather_rows(t, q_rows);
+  }
+  Tensor lse_rows(lse.dtype(), whole_lse_as_rows.shape());
+  std::memcpy(lse_rows.data(), lse.data(), lse.nbytes());
+
+  double tol_out = 0, tol_lse = 0;
+  if (c.dtype == DType::float64) {
+    tol_out = tol_lse = 1e-12;
+  } else if (c.dtype == DType::float32) {
+    tol_out = 1e-5 * std::max(1.0, testing::max_abs(whole.output));
+    tol_lse = 1e-5 * std::max(1.0, testing::max_abs(whole.lse));
+  } else {
+    // Both results round float32 sums once to bfloat16/float16: within two units of the
+    // last place of the output's scale.
+    const double ulp = c.dtype == DType::bfloat16 ? 1.0 / 128 : 1.0 / 1024;
+    tol_out = 2 * ulp * std::max(1.0, testing::max_abs(whole.output));
+    tol_lse = 1e-5 * std::max(1.0, testing::max_abs(whole.lse));
+  }
+  EXPECT_LE(testing::max_abs_diff(testing::to_float64(out.view()), testing::to_float64(expected_out.view())), tol_out)
+      << "rank " << r << " of " << N;
+  EXPECT_LE(testing::max_abs_diff(testing::to_float64(lse_rows.view()), testing::to_float64(whole_lse_as_rows.view())),
+            tol_lse)
+      << "rank " << r << " of " << N;
+}
+
+RingCase causal_case(Causal causal, Partition partition, std::int64_t L, std::int64_t S) {
+  RingCase c;
+  c.partition = partition;
+  c.L = L;
+  c.S = S;
+  c.options.causal = causal;
+  return c;
+}
+
+TEST(Ring, FullAttentionContiguousGqaLengthNotDivisible) { expect_ring_matches(RingCase{}); }
+
+TEST(Ring, FullAttentionZigzagLongerKeys) {
+  RingCase c;
+  c.partition = Partition::zigzag;
+  c.S = 61;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, CausalTopLeftZigzagDivisible) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 64, 64)); }
+TEST(Ring, CausalTopLeftZigzagNotDivisible) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 45, 45)); }
+TEST(Ring, CausalTopLeftContiguous) { expect_ring_matches(causal_case(Causal::top_left, Partition::contiguous, 45, 45)); }
+TEST(Ring, CausalTopLeftMoreKeysThanQueries) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 29, 47)); }
+TEST(Ring, CausalBottomRightZigzag) { expect_ring_matches(causal_case(Causal::bottom_right, Partition::zigzag, 29, 47)); }
+TEST(Ring, CausalBottomRightMoreQueriesThanKeys) {
+  // Queries before the first key's diagonal see nothing: lse −inf, output 0, merged as such.
+  expect_ring_matches(causal_case(Causal::bottom_right, Partition::contiguous, 47, 29));
+}
+
+TEST(Ring, SlidingWindowZigzag) {
+  RingCase c = causal_case(Causal::none, Partition::zigzag, 50, 50);
+  c.options.window_left = 5;
+  c.options.window_right = 3;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, CausalWindowAlibiSoftcapFloat64) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 53, 53);
+  c.dtype = DType::float64;
+  c.options.window_left = 9;
+  c.options.softcap = 2.5;
+  c.alibi = true;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, DropoutMaskBitwiseSingleProcessFloat64) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 45, 45);
+  c.dtype = DType::float64;
+  c.options.dropout_p = 0.3;
+  c.options.seed = 99;
+  c.options.offset = 5;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, DropoutNonCausalContiguousFloat32) {
+  RingCase c;
+  c.options.dropout_p = 0.5;
+  c.options.seed = 3;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, KeyPaddingMaskTravelsWithItsShard) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 40, 40);
+  c.key_padding = true;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, ShorterThanTwoChunksPerRank) {
+  // Some ranks hold no rows at all (L = 3 < 2N): they still pass K/V along.
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 3, 3);
+  c.dtype = DType::float64;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, Bfloat16MergedInFloat32) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 64, 64);
+  c.dtype = DType::bfloat16;
+  c.E = 32;
+  c.Ev = 32;
+  expect_ring_matches(c);
+}
+
+TEST(Ring, ReferenceBackend) {
+  RingCase c = causal_case(Causal::bottom_right, Partition::zigzag, 21, 33);
+  c.dtype = DType::float64;
+  c.options.backend = Backend::reference;
+  expect_ring_matches(c);
+}
+
+// A rank whose shard disagrees with the partition: every rank raises, none waits.
+TEST(RingErrors, BadShardOnOneRankFailsEveryRank) {
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t L = 8 * N;
+  const std::int64_t rows = L / N + (r == N - 1 ? 1 : 0);  // the last rank's query is a row too long
+  Tensor q(DType::float32, {2, rows, 8}), k(DType::float32, {2, L / N, 8}), v(DType::float32, {2, L / N, 8});
+  Tensor out(DType::float32, {2, rows, 8});
+  try {
+    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+            {L, L, Partition::contiguous});
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "query") << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected 8 rows"), std::string::npos) << e.what();
+    if (r != N - 1) {
+      EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(RingErrors, RanksDisagreeOnOptions) {
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t L = 4 * N;
+  Tensor q(DType::float32, {2, L / N, 8}), k(DType::float32, {2, L / N, 8}), v(DType::float32, {2, L / N, 8});
+  Tensor out(DType::float32, {2, L / N, 8});
+  Options options;
+  options.seed = static_cast<std::uint64_t>(r == 0 ? 1 : 2);
+  options.dropout_p = 0.1;
+  try {
+    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+            {L, L, Partition::zigzag}, options);
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "sharding") << e.what();
+    EXPECT_NE(std::string(e.what()).find("same call on every rank"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RingPartition, EveryRowOnceWhateverTheLength) {
+  for (int N : {1, 2, 3, 4, 7})
+    for (std::int64_t n : {0, 1, 5, 16, 37, 1000})
+      for (Partition p : {Partition::contiguous, Partition::zigzag}) {
+        std::vector<int> owner(static_cast<std::size_t>(n), -1);
+        for (int r = 0; r < N; ++r)
+          for (const RowRange& range : shard_rows(n, N, r, p))
+            for (std::int64_t i = range.begin; i < range.end; ++i) {
+              EXPECT_EQ(owner[static_cast<std::size_t>(i)], -1) << "row " << i << " twice";
+              owner[static_cast<std::size_t>(i)] = r;
+            }
+        for (std::int64_t i = 0; i < n; ++i) EXPECT_GE(owner[static_cast<std::size_t>(i)], 0) << "row " << i << " lost";
+      }
+  // Zigzag: rank r holds chunks r and 2N − 1 − r.
+  const auto rows = shard_rows(16, 4, 1, Partition::zigzag);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].begin, 2);
+  EXPECT_EQ(rows[0].end, 4);
+  EXPECT_EQ(rows[1].begin, 12);
+  EXPECT_EQ(rows[1].end, 14);
+}
+
+}  // namespace
+}  // namespace sdpa::distributed
+
+namespace {
+
+// What ranks other than 0 print: their failed assertions, each with the rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed())
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+// MPI around GoogleTest: every rank runs every test (they are collective), rank 0
+// prints the report, the others their failures, and every rank exits non-zero when a
+// test failed on any rank.
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
+  }
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (failed) std::fprintf(stderr, "rank %d: a test failed\n", rank);
+  MPI_Finalize();
+  return any;
+}
