@@ -63,6 +63,8 @@ struct RingCase {
   Options options;
   bool key_padding = false;
   bool alibi = false;
+  bool gradients = true;  // also compare the backward
+  bool grad_lse = false;  // with a gradient of the lse
 };
 
 Shape dims(const Shape& batch, std::int64_t h, std::int64_t rows, std::int64_t cols) {
@@ -144,6 +146,45 @@ void expect_ring_matches(RingCase c) {
   EXPECT_LE(testing::max_abs_diff(testing::to_float64(lse_rows.view()), testing::to_float64(whole_lse_as_rows.view())),
             tol_lse)
       << "rank " << r << " of " << N;
+  if (!c.gradients) return;
+
+  // Backward: the whole problem's gradients from sdpa::backward, with a random dO (and a
+  // random dlse: the loss also depends on the lse), against the ring's from this rank's
+  // rows of the ring forward's O and lse.
+  const Tensor grad_out = testing::random_tensor(c.dtype, whole.output.shape(), rng);
+  const Tensor grad_lse = testing::random_tensor(whole.lse.dtype(), whole.lse.shape(), rng, 0.5);
+  BackwardInputs whole_in{q.view(), k.view(), v.view(), whole.output.view(), whole.lse.view(), grad_out.view()};
+  if (c.grad_lse) whole_in.grad_lse = grad_lse.view();
+  const BackwardResult expected = sdpa::backward(whole_in, single);
+
+  const Tensor grad_out_shard = gather_rows(grad_out, q_rows);
+  Tensor grad_lse_shard(lse.dtype(), lse.shape());
+  {
+    Shape s = grad_lse.shape();
+    s.push_back(1);
+    Tensor t(grad_lse.dtype(), s);
+    std::memcpy(t.data(), grad_lse.data(), grad_lse.nbytes());
+    const Tensor rows = gather_rows(t, q_rows);
+    std::memcpy(grad_lse_shard.data(), rows.data(), rows.nbytes());
+  }
+  BackwardInputs ring_in{q_shard.view(), k_shard.view(), v_shard.view(), out.view(), lse.view(), grad_out_shard.view()};
+  if (c.grad_lse) ring_in.grad_lse = grad_lse_shard.view();
+  Tensor dq(c.dtype, q_shard.shape()), dk(c.dtype, k_shard.shape()), dv(c.dtype, v_shard.shape());
+  backward(MPI_COMM_WORLD, ring_in, {dq.view(), dk.view(), dv.view(), std::nullopt}, {c.L, c.S, c.partition}, ring);
+
+  const std::pair<const Tensor*, Tensor> pairs[] = {{&dq, gather_rows(expected.grad_query, q_rows)},
+                                                    {&dk, gather_rows(expected.grad_key, k_rows)},
+                                                    {&dv, gather_rows(expected.grad_value, k_rows)}};
+  const char* names[] = {"dQ", "dK", "dV"};
+  for (int g = 0; g < 3; ++g) {
+    const double scale = std::max(1.0, testing::max_abs(pairs[g].second));
+    const double tol = c.dtype == DType::float64   ? 1e-12 * scale
+                       : c.dtype == DType::float32 ? 1e-4 * scale
+                                                   : 4.0 / 128 * scale;
+    EXPECT_LE(testing::max_abs_diff(testing::to_float64(pairs[g].first->view()), testing::to_float64(pairs[g].second.view())),
+              tol)
+        << names[g] << ", rank " << r << " of " << N;
+  }
 }
 
 RingCase causal_case(Causal causal, Partition partition, std::int64_t L, std::int64_t S) {
@@ -161,6 +202,7 @@ TEST(Ring, FullAttentionZigzagLongerKeys) {
   RingCase c;
   c.partition = Partition::zigzag;
   c.S = 61;
+  c.grad_lse = true;
   expect_ring_matches(c);
 }
 
@@ -187,6 +229,7 @@ TEST(Ring, CausalWindowAlibiSoftcapFloat64) {
   c.options.window_left = 9;
   c.options.softcap = 2.5;
   c.alibi = true;
+  c.grad_lse = true;
   expect_ring_matches(c);
 }
 
@@ -231,6 +274,7 @@ TEST(Ring, ReferenceBackend) {
   RingCase c = causal_case(Causal::bottom_right, Partition::zigzag, 21, 33);
   c.dtype = DType::float64;
   c.options.backend = Backend::reference;
+  c.gradients = false;  // refused: RingErrors.ReferenceBackward
   expect_ring_matches(c);
 }
 
@@ -269,6 +313,23 @@ TEST(RingErrors, RanksDisagreeOnOptions) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "sharding") << e.what();
     EXPECT_NE(std::string(e.what()).find("same call on every rank"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RingErrors, ReferenceBackward) {
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t L = 4 * N;
+  Tensor q(DType::float64, {2, L / N, 8}), k(DType::float64, {2, L / N, 8}), v(DType::float64, {2, L / N, 8});
+  Tensor out(DType::float64, {2, L / N, 8}), lse(DType::float64, {2, L / N});
+  Tensor dq(DType::float64, {2, L / N, 8}), dk(DType::float64, {2, L / N, 8}), dv(DType::float64, {2, L / N, 8});
+  Options options;
+  options.backend = Backend::reference;
+  try {
+    backward(MPI_COMM_WORLD, {q.view(), k.view(), v.view(), out.view(), lse.view(), out.view()},
+             {dq.view(), dk.view(), dv.view(), std::nullopt}, {L, L, Partition::contiguous}, options);
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "options.backend") << e.what();
   }
 }
 

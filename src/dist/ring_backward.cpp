@@ -1,0 +1,210 @@
+// The ring backward. Each rank keeps its queries, dO, O and lse (the merged forward's:
+// exp(s − lse) is then the whole problem's P, so each step's piece needs nothing from
+// the others) and accumulates dQ locally; K/V shards travel as in the forward,
+// double-buffered and overlapped; each K/V shard's dK/dV accumulator (float32, float64
+// for float64) follows it one step behind: at step s this rank adds its contribution to
+// the accumulator that rank r − 1 sent for the same shard and passes it on to r + 1,
+// so after N steps it arrives, summed over every rank's queries, at its owner.
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "api/operands.h"
+#include "api/views.h"
+#include "cpu/dispatch.h"
+#include "dist/agreement.h"
+#include "dist/exchange.h"
+#include "dist/shards.h"
+#include "dist/stats.h"
+#include "sdpa/distributed.h"
+
+namespace sdpa::distributed {
+
+namespace detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr int kKeyValueTag = 7002, kGradientTag = 7003;
+std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
+
+
+template <class Acc>
+void add_into(Acc* into, const Acc* from, std::size_t count) {
+  for (std::size_t k = 0; k < count; ++k) into[k] += from[k];
+}
+
+template <class Acc>
+void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in, const BackwardOutputs& outputs) {
+  RingStats& stats = last_ring_stats();
+  const DType acc_dtype = std::is_same_v<Acc, double> ? DType::float64 : DType::float32;
+  const int N = call.ranks, r = call.rank;
+  const Sharding& sh = call.sharding;
+  const std::int64_t q_matrices = call.batch * call.heads_q, kv_matrices = call.batch * call.heads_kv;
+  const std::int64_t Lr = call.L_shard, E = call.E, Ev = call.Ev;
+  const std::vector<Piece> q_pieces = shard_pieces(sh.query_length, N, r, sh.partition);
+  const GlobalBand band = global_band(call);
+  auto keys_of = [&](int rank) { return shard_length(sh.key_length, N, rank, sh.partition); };
+
+  std::vector<Acc> dq(static_cast<std::size_t>(q_matrices * Lr * E), Acc{0});
+  const std::int64_t block = std::min(block_rows(Lr), std::max<std::int64_t>(Lr, 1));
+  std::int64_t largest = 0;
+  for (int k = 0; k < N; ++k) largest = std::max(largest, keys_of(k));
+  std::vector<Acc> dq_part(static_cast<std::size_t>(q_matrices * block * E));
+  std::vector<Acc> dk_part(static_cast<std::size_t>(kv_matrices * largest * E));
+  std::vector<Acc> dv_part(static_cast<std::size_t>(kv_matrices * largest * Ev));
+  // dK then dV of one shard: the accumulator that travels.
+  auto gradient_floats = [&](std::int64_t rows) { return static_cast<std::size_t>(kv_matrices * rows * (E + Ev)); };
+  std::vector<Acc> step_grads[2], incoming(gradient_floats(largest));
+  for (auto& g : step_grads) g.resize(gradient_floats(largest));
+
+  std::vector<std::byte> buffers[2];
+  for (auto& b : buffers) b.resize(kv_layout(call, largest, false).total());
+  pack_kv(call, in.key, in.value, buffers[0].data());
+
+  Exchange kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag), grad_send[2]{Exchange(comm, kGradientTag), Exchange(comm, kGradientTag)};
+  for (int s = 0; s < N; ++s) {
+    const int source = (r - s + N) % N;
+    const std::int64_t S_source = keys_of(source);
+    std::byte* hand = buffers[s % 2].data();
+    if (s + 1 < N) {
+      const int next_source = (r - s - 1 + N) % N;
+      kv_exchange.start(hand, kv_layout(call, S_source, false).total(), (r + 1) % N, buffers[(s + 1) % 2].data(),
+                        kv_layout(call, keys_of(next_source), false).total(), (r - 1 + N) % N);
+    }
+    // The accumulator of this shard so far (none at step 0: it is this rank's own).
+    if (s > 0)
+      grad_receive.start(nullptr, 0, 0, incoming.data(), gradient_floats(S_source) * sizeof(Acc), (r - 1 + N) % N);
+    // The buffer this step's sum goes out in was sent two steps ago: that send must be done.
+    std::vector<Acc>& grads = step_grads[s % 2];
+    grad_send[s % 2].wait();
+    std::fill(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(gradient_floats(S_source)), Acc{0});
+    Acc* dk_acc = grads.data();
+    Acc* dv_acc = grads.data() + kv_matrices * S_source * E;
+
+    const Clock::time_point compute_start = Clock::now();
+    const KvViews kv = kv_views(call, S_source, hand);
+    for (const Piece& kp : shard_pieces(sh.key_length, N, source, sh.partition)) {
+      for (const Piece& qp : q_pieces)
+        for (std::int64_t b0 = 0; b0 < qp.rows; b0 += block) {
+          const std::int64_t rows = std::min(block, qp.rows - b0);
+          if (kp.rows == 0 || !band.visible(qp.global + b0, rows, kp.global, kp.rows, sh.key_length)) continue;
+          const std::int64_t row0 = qp.local + b0;
+          sdpa::detail::BackwardProblem p;
+          static_cast<Problem&>(p) =
+              piece_problem(call, band, row_slice(in.query, row0, rows), qp.global + b0, kv, kp.local, kp.rows, kp.global);
+          const sdpa::detail::Shape& bs = call.batch_shape;
+          p.output = sdpa::detail::make_operand(row_slice(in.output, row0, rows), bs, call.heads_q);
+          p.grad_output = sdpa::detail::make_operand(row_slice(in.grad_output, row0, rows), bs, call.heads_q);
+          // lse (…, L) as rows: a (…, L, 1) view of the same memory, sliced.
+          auto lse_rows = [&](const TensorView& lse) {
+            TensorView as_rows = lse;
+            as_rows.strides = lse.effective_strides();
+            as_rows.shape.push_back(1);
+            as_rows.strides.push_back(1);
+            TensorView slice = row_slice(as_rows, row0, rows);
+            slice.shape.pop_back();
+            slice.strides.pop_back();
+            return sdpa::detail::lse_operand(slice, bs, call.heads_q);
+          };
+          p.lse = lse_rows(in.lse);
+          if (in.grad_lse) p.grad_lse = lse_rows(*in.grad_lse);
+          p.grad_query = sdpa::detail::make_operand(packed_view(dq_part.data(), acc_dtype, bs, call.heads_q, rows, E), bs,
+                                                    call.heads_q);
+          p.grad_key = sdpa::detail::make_operand(packed_view(dk_part.data(), acc_dtype, bs, call.heads_kv, kp.rows, E),
+                                                  bs, call.heads_kv);
+          p.grad_value = sdpa::detail::make_operand(
+              packed_view(dv_part.data(), acc_dtype, bs, call.heads_kv, kp.rows, Ev), bs, call.heads_kv);
+          if (p.batch * p.heads_q > 0) sdpa::detail::cpu_backward(p);
+          for (std::int64_t m = 0; m < q_matrices; ++m)
+            add_into(dq.data() + (m * Lr + row0) * E, dq_part.data() + m * rows * E, static_cast<std::size_t>(rows * E));
+          for (std::int64_t m = 0; m < kv_matrices; ++m) {
+            add_into(dk_acc + (m * S_source + kp.local) * E, dk_part.data() + m * kp.rows * E,
+                     static_cast<std::size_t>(kp.rows * E));
+            add_into(dv_acc + (m * S_source + kp.local) * Ev, dv_part.data() + m * kp.rows * Ev,
+                     static_cast<std::size_t>(kp.rows * Ev));
+          }
+          kv_exchange.poll();
+          grad_receive.poll();
+        }
+    }
+    stats.compute_seconds += seconds_since(compute_start);
+    const Clock::time_point wait_start = Clock::now();
+    grad_receive.wait();
+    stats.wait_seconds += seconds_since(wait_start);
+    if (s > 0) add_into(grads.data(), incoming.data(), gradient_floats(S_source));
+    // On to the next rank; after the last step that is the shard's owner.
+    grad_send[s % 2].start(grads.data(), gradient_floats(S_source) * sizeof(Acc), (r + 1) % N, nullptr, 0, 0);
+    const Clock::time_point kv_wait = Clock::now();
+    kv_exchange.wait();
+    stats.wait_seconds += seconds_since(kv_wait);
+  }
+  // This rank's own shard's dK, dV, summed over every rank, from rank r − 1.
+  grad_receive.start(nullptr, 0, 0, incoming.data(), gradient_floats(call.S_shard) * sizeof(Acc), (r - 1 + N) % N);
+  const Clock::time_point wait_start = Clock::now();
+  grad_receive.wait();
+  for (auto& e : grad_send) e.wait();
+  stats.wait_seconds += seconds_since(wait_start);
+  stats.bytes_sent += kv_exchange.bytes_sent() + grad_send[0].bytes_sent() + grad_send[1].bytes_sent();
+
+  const sdpa::detail::Shape& bs = call.batch_shape;
+  const sdpa::detail::Operand gq = sdpa::detail::make_operand(outputs.grad_query, bs, call.heads_q);
+  for (std::int64_t m = 0; m < q_matrices; ++m)
+    for (std::int64_t i = 0; i < Lr; ++i)
+      for (std::int64_t e = 0; e < E; ++e) gq.store<Acc>(m, i, e, dq[static_cast<std::size_t>((m * Lr + i) * E + e)]);
+  const std::int64_t Sr = call.S_shard;
+  const sdpa::detail::Operand gk = sdpa::detail::make_operand(outputs.grad_key, bs, call.heads_kv);
+  const sdpa::detail::Operand gv = sdpa::detail::make_operand(outputs.grad_value, bs, call.heads_kv);
+  const Acc* dk = incoming.data();
+  const Acc* dv = incoming.data() + kv_matrices * Sr * E;
+  for (std::int64_t m = 0; m < kv_matrices; ++m)
+    for (std::int64_t j = 0; j < Sr; ++j) {
+      for (std::int64_t e = 0; e < E; ++e) gk.store<Acc>(m, j, e, dk[(m * Sr + j) * E + e]);
+      for (std::int64_t d = 0; d < Ev; ++d) gv.store<Acc>(m, j, d, dv[(m * Sr + j) * Ev + d]);
+    }
+}
+
+}  // namespace
+
+}  // namespace detail
+
+void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs& outputs, const Sharding& sharding,
+              const Options& options) {
+  using namespace detail;
+  const auto start = std::chrono::steady_clock::now();
+  last_ring_stats() = {};
+  ShardCall call;
+  agree(
+      comm,
+      [&] {
+        call = check_shards(comm, inputs.query, inputs.key, inputs.value, sharding, options);
+        // The oracle's backward recomputes each row's softmax from the keys it is given,
+        // not from the lse: a piece of the keys would get its own softmax, not the whole's.
+        if (options.backend == Backend::reference)
+          sdpa::detail::fail("options.backend", "expected automatic or cpu in a ring backward (the float64 oracle "
+                                                "recomputes the softmax from a piece's keys alone), got reference");
+        if (outputs.grad_mask)
+          sdpa::detail::fail("grad_mask", "expected none in a ring call (a key-padding mask has no gradient), got a buffer");
+        const DType lse_dtype = call.dtype == DType::float64 ? DType::float64 : DType::float32;
+        std::vector<sdpa::detail::Span> spans{sdpa::detail::check_view(inputs.query, "query"),
+                                              sdpa::detail::check_view(inputs.key, "key"),
+                                              sdpa::detail::check_view(inputs.value, "value")};
+        if (options.mask) spans.push_back(sdpa::detail::check_view(*options.mask, "mask"));
+        sdpa::detail::check_backward_reads(inputs, call.output_shape, call.lse_shape, call.dtype, lse_dtype, spans);
+        sdpa::detail::check_outputs({{&outputs.grad_query, "grad_query", &inputs.query.shape, call.dtype},
+                                     {&outputs.grad_key, "grad_key", &inputs.key.shape, call.dtype},
+                                     {&outputs.grad_value, "grad_value", &inputs.value.shape, call.dtype}},
+                                    spans);
+        return call.signature;
+      },
+      "sharding");
+  if (call.dtype == DType::float64)
+    ring_backward<double>(comm, call, inputs, outputs);
+  else
+    ring_backward<float>(comm, call, inputs, outputs);
+  last_ring_stats().total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace sdpa::distributed
