@@ -28,6 +28,8 @@ using sdpa_python::Renames;
 
 // The layer classes (nn_module.cpp).
 void register_nn(nb::module_& m);
+// Ring attention over MPI, where the build found it (dist_module.cpp).
+void register_dist(nb::module_& m);
 
 namespace {
 
@@ -306,6 +308,7 @@ NB_MODULE(_core, m) {
       "for tests.");
 
   register_nn(m);
+  register_dist(m);
 
   m.def("version", []() { return std::string(sdpa::version()); });
   m.def("runtime_info", []() {
