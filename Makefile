@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 PYTHON := $(CURDIR)/.venv/bin/python
 
-.PHONY: all setup python python-package build demo test test-release test-python test-examples test-sanitize test-fuzz clean
+.PHONY: all setup python python-package build demo test test-release test-python test-wheel test-examples test-sanitize test-fuzz clean
 
 all: build
 
@@ -29,14 +29,20 @@ demo: build
 # Every test: the C++ suite and the CLI checks, the C++ suite again under ASan + UBSan,
 # then the .npy fuzzer for FUZZ_SECONDS and the safetensors fuzzer for 30 s.
 # The Python package's suite (pytest + hypothesis against PyTorch) runs after the C++ suite,
-# then the training example (examples/tiny_lm.py: sdpa's backward against torch's, step by step).
-test: test-release test-python test-examples test-sanitize test-fuzz
+# then the wheel (scripts/check_wheel.sh: `pip wheel .` in a throw-away venv with NumPy
+# alone) and the training example (examples/tiny_lm.py: sdpa's backward against torch's,
+# step by step).
+test: test-release test-python test-wheel test-examples test-sanitize test-fuzz
 
 test-release: build
 	ctest --preset release -j $(JOBS)
 
 test-python: python-package
 	SDPA_MIN_EXAMPLES=2000 $(PYTHON) -m pytest python/tests -q
+
+# After python-package, which leaves the wheel's build folder (build/python/) current.
+test-wheel: python-package
+	scripts/check_wheel.sh
 
 test-examples: python-package
 	$(PYTHON) examples/tiny_lm.py

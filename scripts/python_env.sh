@@ -22,8 +22,9 @@ fi
 
 [[ ${1:-} == --package ]] || exit 0
 
-# What the extension is built from (the tests are not part of it).
-sources=$(find pyproject.toml CMakeLists.txt include src python/CMakeLists.txt python/src python/sdpa \
+# What the extension and the CLI it ships are built from (the tests are not part of them,
+# but for tests/testing, which `sdpa check` links).
+sources=$(find pyproject.toml CMakeLists.txt include src apps tests/testing python/CMakeLists.txt python/src python/sdpa \
             -type f -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum)
 package_stamp=.venv/.installed-package
 if [[ -f $package_stamp && "$(cat "$package_stamp")" == "$sources" ]] && .venv/bin/python -c 'import sdpa' 2>/dev/null; then
