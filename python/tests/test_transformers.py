@@ -122,6 +122,23 @@ def test_logits_equal_eager(model, padded, spy):
     assert_close_float32(actual[real], expected[real], f"{model} logits")
 
 
+@pytest.mark.parametrize("model", ["llama", "gemma2"])
+def test_bfloat16_logits_within_bfloat16s_tolerance(model, spy):
+    """bfloat16 weights and activations (sdpa's bfloat16 kernel), by DESIGN.md §4's rule:
+    at most twice as far from the float32 model as eager attention in bfloat16 is."""
+    eager, ours = twins(CAUSAL_MODELS[model]())
+    ids, mask = prompt()
+    with torch.no_grad():
+        reference = eager(ids, attention_mask=mask).logits
+        naive = eager.to(torch.bfloat16)(ids, attention_mask=mask).logits.float()
+        actual = ours.to(torch.bfloat16)(ids, attention_mask=mask).logits
+    assert actual.dtype == torch.bfloat16 and len(spy.calls) == layers(ours)
+    real = mask.bool()
+    naive_error = (naive - reference)[real].abs().max().item()
+    error = (actual.float() - reference)[real].abs().max().item()
+    assert error <= 2 * naive_error + 1e-5, f"{model}: bfloat16 error {error:.3g}, eager's {naive_error:.3g}"
+
+
 def test_sliding_window_reaches_sdpa_as_a_window(spy):
     """Without padding the window is no mask but sdpa's window option, W − 1 keys back
     (transformers' window of W keys holds the query's own): one off and the logits above
