@@ -139,6 +139,29 @@ def test_bfloat16_logits_within_bfloat16s_tolerance(model, spy):
     assert error <= 2 * naive_error + 1e-5, f"{model}: bfloat16 error {error:.3g}, eager's {naive_error:.3g}"
 
 
+def test_custom_4d_masks_float_and_bool(spy):
+    """A model handed a prepared 4-D mask uses it as it is: a float one (a bias, the
+    float32 minimum where masked, as eager's masks) is added by both; a bool one (True =
+    attend) is sdpa's polarity, the same pattern as that float one's finite entries."""
+    eager, ours = twins(CAUSAL_MODELS["llama"]())
+    ids, _ = prompt(padded=False)
+    generator = torch.Generator().manual_seed(4)
+    keep = torch.ones(PROMPT, PROMPT, dtype=torch.bool).tril() & (torch.rand(PROMPT, PROMPT, generator=generator) > 0.3)
+    keep.fill_diagonal_(True)
+    keep = keep.expand(BATCH, 1, PROMPT, PROMPT)
+    bias = torch.randn(BATCH, 1, PROMPT, PROMPT, generator=generator)
+    additive = torch.where(keep, bias, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=additive).logits
+        actual = ours(ids, attention_mask=additive).logits
+        assert_close_float32(actual, expected, "float 4-D mask")
+        expected = eager(ids, attention_mask=torch.where(keep, 0.0, torch.finfo(torch.float32).min)).logits
+        actual = ours(ids, attention_mask=keep).logits
+        assert_close_float32(actual, expected, "bool 4-D mask")
+    assert len(spy.calls) == 2 * layers(ours)
+    assert spy.calls[0]["mask"].dtype == torch.float32 and spy.calls[-1]["mask"].dtype == torch.bool
+
+
 def test_sliding_window_reaches_sdpa_as_a_window(spy):
     """Without padding the window is no mask but sdpa's window option, W − 1 keys back
     (transformers' window of W keys holds the query's own): one off and the logits above
