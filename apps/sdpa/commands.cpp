@@ -1,5 +1,8 @@
 // `sdpa run` and `sdpa info`. `sdpa check` lives in check.cpp.
 #include "commands.h"
+#ifdef SDPA_HAVE_MPI
+#include "ring_run.h"
+#endif
 
 #include <algorithm>
 #include <charconv>
@@ -213,6 +216,20 @@ std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::st
 int run_command(const RunArgs& args) {
   try {
     check_layout_flags(args);
+    if (args.ring) {
+      for (const auto& [given, flag] : {std::pair{args.mask.has_value(), "--mask"}, {args.weights.has_value(), "--weights"},
+                                        {args.cu_seqlens_q.has_value(), "--cu-seqlens-q"},
+                                        {args.block_table.has_value(), "--block-table"}})
+        if (given) throw Error(ErrorKind::value, flag, "not accepted with --ring (each rank holds a slice of the sequence)");
+#ifdef SDPA_HAVE_MPI
+      std::optional<Tensor> slopes;
+      if (args.alibi_slopes) slopes = io::read_npy(*args.alibi_slopes);
+      ring_run(args, make_options(args, nullptr, slopes ? &*slopes : nullptr));
+      return kExitOk;
+#else
+      throw Error(ErrorKind::value, "--ring", "not available: this sdpa was built without MPI (scripts/setup.sh)");
+#endif
+    }
     // Every output path is checked before any file is read (io/output_files.h: the same
     // file twice, a directory, a missing folder are refused before any work).
     io::OutputFiles outputs;

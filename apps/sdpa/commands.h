@@ -44,6 +44,10 @@ struct RunArgs {
   std::optional<std::string> cu_seqlens_q, cu_seqlens_k;
   // Paged KV cache (forward_paged): "0,3;1,2" (rows ';', entries ',') and "5,7".
   std::optional<std::string> block_table, seq_lens;
+  // Ring attention under mpirun (sdpa::distributed, ring_run.h): each rank reads and
+  // writes only its rows; partition zigzag | contiguous.
+  bool ring = false;
+  std::string partition = "zigzag";
 };
 int run_command(const RunArgs& args);
 

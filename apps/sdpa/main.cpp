@@ -172,6 +172,12 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
                       "--seq-lens; no --mask or --weights)");
   flags.seq_lens_option =
       run->add_option("--seq-lens", flags.seq_lens, "Paged KV cache: keys in each sequence, e.g. 5,7");
+  run->add_flag("--ring", a.ring,
+                "Under mpirun: split the sequence across the ranks (ring attention); each rank reads and writes "
+                "only its rows (no --mask, --weights, varlen or paged flags)");
+  run->add_option("--partition", a.partition, "With --ring: zigzag (balanced when causal) or contiguous")
+      ->check(CLI::IsMember({"zigzag", "contiguous"}))
+      ->capture_default_str();
 }
 
 void add_check_command(CLI::App& app, CheckArgs& args) {

@@ -11,7 +11,13 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -303,12 +309,24 @@ void fortran_to_row_major(const unsigned char* src, std::byte* dst, const std::v
   }
 }
 
-}  // namespace
+// NumPy's bool is one byte, 0 or 1; any other value has no defined meaning here, and
+// code that treats bool as 0/1 arithmetic would silently misbehave. `first` is the
+// index of data[0] among the file's data bytes, for the message.
+void check_bools(const unsigned char* data, std::uint64_t count, DType dtype, const std::string& name,
+                 std::uint64_t first) {
+  if (dtype != DType::boolean) return;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    if (data[i] > 1) {
+      fail(name, "expected bool bytes 0 or 1, got " + std::to_string(data[i]) + " at data byte " +
+                     std::to_string(first + i));
+    }
+  }
+}
 
-Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
-  if (bytes == nullptr && size != 0) fail(name, "expected file contents, got a null pointer");
-  const auto* p = static_cast<const unsigned char*>(bytes);
-
+// The preamble and header of a .npy file whose first `size` bytes are `p` (at least the
+// preamble and header) and whose whole length is `file_size`: everything checked but the
+// data bytes themselves.
+NpyLayout parse_layout(const unsigned char* p, std::size_t size, std::uint64_t file_size, const std::string& name) {
   if (size < kMagic.size() + 2) {
     fail(name, "expected at least the 8-byte .npy preamble (\\x93NUMPY and a version), got a " + std::to_string(size) +
                    "-byte file");
@@ -358,7 +376,7 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
   for (std::int64_t dim : header.shape) numel *= dim;  // cannot overflow: bounded by extent
   const std::uint64_t data_bytes = static_cast<std::uint64_t>(numel) * dtype->itemsize;
   const std::size_t data_offset = preamble + header_length;
-  const std::uint64_t available = size - data_offset;
+  const std::uint64_t available = file_size - data_offset;
   if (available < data_bytes) {
     fail(name, "expected " + std::to_string(data_bytes) + " data bytes for the header's shape, got " +
                    std::to_string(available) + " (truncated file)");
@@ -368,26 +386,36 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
                    std::to_string(available) + " (trailing bytes)");
   }
 
-  const unsigned char* data = p + data_offset;
-  if (dtype->dtype == DType::boolean) {
-    // NumPy's bool is one byte, 0 or 1; any other value has no defined meaning here, and
-    // code that treats bool as 0/1 arithmetic would silently misbehave.
-    for (std::uint64_t i = 0; i < data_bytes; ++i) {
-      if (data[i] > 1) {
-        fail(name, "expected bool bytes 0 or 1, got " + std::to_string(data[i]) + " at data byte " + std::to_string(i));
-      }
-    }
-  }
+  NpyLayout layout;
+  layout.dtype = dtype->dtype;
+  layout.shape = header.shape;
+  layout.fortran_order = header.fortran_order;
+  layout.swap = dtype->swap;
+  layout.itemsize = dtype->itemsize;
+  layout.data_offset = data_offset;
+  layout.numel = numel;
+  return layout;
+}
 
-  Tensor tensor(dtype->dtype, header.shape);
+}  // namespace
+
+Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
+  if (bytes == nullptr && size != 0) fail(name, "expected file contents, got a null pointer");
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  const NpyLayout layout = parse_layout(p, size, size, name);
+  const std::uint64_t data_bytes = static_cast<std::uint64_t>(layout.numel) * layout.itemsize;
+  const unsigned char* data = p + layout.data_offset;
+  check_bools(data, data_bytes, layout.dtype, name, 0);
+
+  Tensor tensor(layout.dtype, layout.shape);
   auto* out = static_cast<std::byte*>(tensor.data());
   if (data_bytes != 0) {
-    if (header.fortran_order && header.shape.size() > 1) {
-      fortran_to_row_major(data, out, header.shape, dtype->itemsize);
+    if (layout.fortran_order && layout.shape.size() > 1) {
+      fortran_to_row_major(data, out, layout.shape, layout.itemsize);
     } else {
       std::memcpy(out, data, data_bytes);
     }
-    if (dtype->swap) byte_swap(out, static_cast<std::size_t>(numel), dtype->itemsize);
+    if (layout.swap) byte_swap(out, static_cast<std::size_t>(layout.numel), layout.itemsize);
   }
   return tensor;
 }
@@ -397,33 +425,116 @@ Tensor read_npy(const std::string& path) {
   return parse_npy(contents.data(), contents.size(), path);
 }
 
-std::string encode_npy(const Tensor& tensor, const std::string& name) {
-  // Refuse to write what read_npy would refuse to read back.
-  if (tensor.shape().size() > kMaxRank) {
-    fail(name, "expected at most " + std::to_string(kMaxRank) + " dimensions to write, got " +
-                   std::to_string(tensor.shape().size()));
+namespace {
+
+// A .npy file opened for positioned reads, its layout parsed from the preamble and header
+// alone.
+struct OpenNpy {
+  // Closed however the constructor ends (a member's destructor runs when the body throws).
+  struct Descriptor {
+    int value = -1;
+    ~Descriptor() {
+      if (value >= 0) ::close(value);
+    }
+  } fd;
+  NpyLayout layout;
+  explicit OpenNpy(const std::string& path);
+  void read_at(const std::string& path, void* into, std::size_t count, std::uint64_t at) const;
+};
+
+void OpenNpy::read_at(const std::string& path, void* into, std::size_t count, std::uint64_t at) const {
+  auto* p = static_cast<char*>(into);
+  while (count > 0) {
+    const ssize_t got = ::pread(fd.value, p, count, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail(path, "expected " + std::to_string(count) + " more bytes at byte " + std::to_string(at) + ", got " +
+                     (got < 0 ? std::string(std::strerror(errno)) : std::string("end of file")));
+    p += got, at += static_cast<std::uint64_t>(got), count -= static_cast<std::size_t>(got);
   }
-  const DType dtype = tensor.dtype();
+}
+
+OpenNpy::OpenNpy(const std::string& path) {
+  fd.value = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd.value < 0) fail(path, std::string("expected a readable .npy file, got ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.value, &st) != 0 || !S_ISREG(st.st_mode)) fail(path, "expected a regular .npy file");
+  const std::uint64_t file_size = static_cast<std::uint64_t>(st.st_size);
+  // The preamble (12 bytes at most), then exactly the header it announces.
+  std::vector<unsigned char> prefix(static_cast<std::size_t>(std::min<std::uint64_t>(file_size, 12)));
+  read_at(path, prefix.data(), prefix.size(), 0);
+  if (prefix.size() >= 10 && std::memcmp(prefix.data(), kMagic.data(), kMagic.size()) == 0 &&
+      (prefix[6] == 1 || prefix.size() == 12)) {
+    const std::size_t length_bytes = prefix[6] == 1 ? 2 : 4;
+    const std::uint64_t wanted = kMagic.size() + 2 + length_bytes + read_le(prefix.data() + 8, length_bytes);
+    prefix.resize(static_cast<std::size_t>(std::min(file_size, wanted)));
+    read_at(path, prefix.data(), prefix.size(), 0);
+  }
+  layout = parse_layout(prefix.data(), prefix.size(), file_size, path);
+}
+
+}  // namespace
+
+NpyLayout read_npy_layout(const std::string& path) { return OpenNpy(path).layout; }
+
+Tensor read_npy_rows(const std::string& path, const std::vector<RowRange>& rows, std::vector<std::int64_t>* shape) {
+  const OpenNpy file(path);
+  const NpyLayout& layout = file.layout;
+  if (layout.shape.size() < 2) fail(path, "expected rank >= 2 ((..., seq, dim)) for a row read, got " + shape_text(layout.shape));
+  if (layout.fortran_order) fail(path, "expected C order for a row read (np.ascontiguousarray), got Fortran order");
+  const std::size_t d = layout.shape.size() - 2;
+  const std::int64_t length = layout.shape[d], cols = layout.shape[d + 1];
+  std::int64_t matrices = 1, kept = 0;
+  for (std::size_t k = 0; k < d; ++k) matrices *= layout.shape[k];
+  for (const RowRange& r : rows) {
+    if (r.begin < 0 || r.end < r.begin || r.end > length)
+      fail(path, "expected rows within [0, " + std::to_string(length) + "), got [" + std::to_string(r.begin) + ", " +
+                     std::to_string(r.end) + ")");
+    kept += r.end - r.begin;
+  }
+  std::vector<std::int64_t> out_shape = layout.shape;
+  out_shape[d] = kept;
+  Tensor tensor(layout.dtype, out_shape);
+  auto* out = static_cast<unsigned char*>(tensor.data());
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(cols) * layout.itemsize;
+  for (std::int64_t m = 0; m < matrices; ++m)
+    for (const RowRange& r : rows) {
+      const std::uint64_t first = (static_cast<std::uint64_t>(m * length + r.begin)) * row_bytes;
+      const std::uint64_t count = static_cast<std::uint64_t>(r.end - r.begin) * row_bytes;
+      file.read_at(path, out, static_cast<std::size_t>(count), layout.data_offset + first);
+      check_bools(out, count, layout.dtype, path, first);
+      out += count;
+    }
+  if (layout.swap) byte_swap(static_cast<std::byte*>(tensor.data()), static_cast<std::size_t>(tensor.numel()), layout.itemsize);
+  if (shape) *shape = layout.shape;
+  return tensor;
+}
+
+std::string npy_header(DType dtype, const std::vector<std::int64_t>& shape, const std::string& name) {
+  // Refuse to write what read_npy would refuse to read back.
+  if (shape.size() > kMaxRank) {
+    fail(name, "expected at most " + std::to_string(kMaxRank) + " dimensions to write, got " +
+                   std::to_string(shape.size()));
+  }
   const char* descr = nullptr;
-  std::size_t itemsize = 0;
   switch (dtype) {
     case DType::float16:
-      descr = "<f2", itemsize = 2;
+      descr = "<f2";
       break;
     case DType::bfloat16:  // NumPy has no bfloat16; float32 holds every bfloat16 exactly.
     case DType::float32:
-      descr = "<f4", itemsize = 4;
+      descr = "<f4";
       break;
     case DType::float64:
-      descr = "<f8", itemsize = 8;
+      descr = "<f8";
       break;
     case DType::boolean:
-      descr = "|b1", itemsize = 1;
+      descr = "|b1";
       break;
   }
 
   std::string header =
-      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape_text(tensor.shape()) + ", }";
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
   // NumPy's rule: pad with spaces so that magic + version + length + header is a
   // multiple of 64 bytes (the data then starts aligned), the last byte being '\n'.
   constexpr std::size_t kPreamble = 10;
@@ -437,9 +548,15 @@ std::string encode_npy(const Tensor& tensor, const std::string& name) {
   preamble += static_cast<char>(header.size() & 0xff);
   preamble += static_cast<char>((header.size() >> 8) & 0xff);
 
+  return preamble + header;
+}
+
+std::string encode_npy(const Tensor& tensor, const std::string& name) {
+  const DType dtype = tensor.dtype();
+  const std::size_t itemsize = dtype == DType::bfloat16 ? 4 : dtype_size(dtype);
   // The data in little-endian order, converting bfloat16 to float32.
   const std::size_t count = static_cast<std::size_t>(tensor.numel());
-  std::string bytes = preamble + header;
+  std::string bytes = npy_header(dtype, tensor.shape(), name);
   const std::size_t data_start = bytes.size();
   bytes.resize(data_start + count * itemsize);
   char* data = bytes.data() + data_start;

@@ -97,6 +97,34 @@ TEST_F(NpyFileTest, RoundTripsEveryDtypeAndShape) {
   }
 }
 
+// A rank of ring attention reads only its rows (positioned reads of the payload): the rows
+// asked for, in the order asked, equal those of the whole file read at once; the layout
+// comes from the header alone; rows outside the file and Fortran order are refused.
+TEST_F(NpyFileTest, ReadsOnlyTheRowsAskedFor) {
+  for (DType dtype : {DType::float16, DType::float32, DType::float64, DType::boolean}) {
+    SCOPED_TRACE(sdpa::dtype_name(dtype));
+    const Tensor whole = make_tensor(dtype, {2, 3, 7, 5});
+    write_npy(path("w.npy"), whole);
+    EXPECT_EQ(sdpa::io::read_npy_layout(path("w.npy")).shape, whole.shape());
+    std::vector<std::int64_t> shape;
+    const Tensor rows = sdpa::io::read_npy_rows(path("w.npy"), {{1, 2}, {4, 7}}, &shape);
+    EXPECT_EQ(shape, whole.shape());
+    ASSERT_EQ(rows.shape(), (std::vector<std::int64_t>{2, 3, 4, 5}));
+    for (std::int64_t m = 0; m < 6; ++m)
+      for (std::int64_t r = 0; r < 4; ++r)
+        for (std::int64_t c = 0; c < 5; ++c) {
+          const std::int64_t i = r == 0 ? 1 : r + 3;
+          ASSERT_EQ(rows.get((m * 4 + r) * 5 + c), whole.get((m * 7 + i) * 5 + c)) << m << ' ' << r << ' ' << c;
+        }
+  }
+  try {
+    sdpa::io::read_npy_rows(path("w.npy"), {{5, 8}}, nullptr);
+    ADD_FAILURE() << "rows past the end were read";
+  } catch (const sdpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected rows within [0, 7)"), std::string::npos) << e.what();
+  }
+}
+
 // NumPy has no bfloat16: it goes out as float32, which holds every bfloat16 exactly.
 TEST_F(NpyFileTest, WritesBfloat16AsFloat32) {
   const Tensor original = make_tensor(DType::bfloat16, {4, 3});

@@ -1,0 +1,222 @@
+// The CLI's ring run. Output files: rank 0 creates a temporary file beside each output
+// (mkstemp in the destination's folder), writes the .npy header and sizes it; every rank
+// writes its rows at their offsets (pwrite); when every rank has succeeded (one
+// collective), rank 0 renames the temporaries over the outputs — all or nothing, as
+// io::OutputFiles does for a single process. Every step that can fail on one rank is
+// followed by an agreement (src/dist/agreement.h), so an error reaches every rank.
+#include "ring_run.h"
+
+#include <mpi.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dist/agreement.h"
+#include "io/npy.h"
+#include "sdpa/distributed.h"
+
+namespace sdpa::cli {
+
+namespace {
+
+using distributed::detail::agree;
+
+// MPI for the duration of the command (mpirun starts the processes; a plain `sdpa run
+// --ring` is a single rank, MPI's singleton mode).
+struct MpiSession {
+  MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) MPI_Init(nullptr, nullptr);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+std::vector<io::RowRange> io_rows(const std::vector<distributed::RowRange>& rows) {
+  std::vector<io::RowRange> out;
+  for (const auto& r : rows) out.push_back({r.begin, r.end});
+  return out;
+}
+
+// One output written by every rank: rank 0's temporary, the header, then the rows.
+struct SharedOutput {
+  std::string flag, path, temporary;
+  std::size_t header_bytes = 0;
+};
+
+void fail_io(const std::string& flag, const std::string& path, const std::string& what) {
+  throw Error(ErrorKind::value, flag, path + ": " + what + ": " + std::strerror(errno));
+}
+
+// Rank 0: the temporary beside `path`, with the header and the full size.
+void create_output(SharedOutput& out, const std::string& header, std::uint64_t data_bytes) {
+  const std::filesystem::path target(out.path);
+  std::string leaf = target.filename().string();  // a hidden ".<name>.ring-XXXXXX"
+  leaf.insert(leaf.begin(), '.');
+  leaf.append(".ring-XXXXXX");
+  std::string name = (target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path()) / leaf;
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) fail_io(out.flag, out.path, "cannot create a temporary beside it");
+  out.temporary = name;
+  const bool ok = ::pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
+                  ::ftruncate(fd, static_cast<off_t>(header.size() + data_bytes)) == 0;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(name.c_str());
+    fail_io(out.flag, out.path, "cannot write its header");
+  }
+  // mkstemp's 0600, widened to what a new file gets (0666 less the umask).
+  const mode_t umask_bits = ::umask(0);
+  ::umask(umask_bits);
+  ::chmod(name.c_str(), 0666 & ~umask_bits);
+  out.header_bytes = header.size();
+}
+
+// This rank's rows of a (matrices, rows, cols) tensor whose file bytes are `encoded` (an
+// encode_npy of the shard: header, then little-endian data).
+void write_rows(const SharedOutput& out, const std::string& encoded, std::int64_t matrices, std::int64_t length,
+                std::int64_t shard_rows, std::int64_t cols, const std::vector<distributed::RowRange>& rows) {
+  const std::size_t elements = static_cast<std::size_t>(matrices * shard_rows * cols);
+  // The shard's own header: 10 bytes of preamble (version 1.0) and the length they give.
+  const std::size_t shard_header = 10 + (static_cast<unsigned char>(encoded[8]) |
+                                         (static_cast<std::size_t>(static_cast<unsigned char>(encoded[9])) << 8));
+  if (elements == 0) return;
+  const std::size_t element = (encoded.size() - shard_header) / elements;
+  const int fd = ::open(out.temporary.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail_io(out.flag, out.path, "cannot open its temporary");
+  bool ok = true;
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * element;
+  for (std::int64_t m = 0; m < matrices && ok; ++m) {
+    std::int64_t local = 0;
+    for (const auto& r : rows) {
+      const std::size_t count = static_cast<std::size_t>(r.end - r.begin) * row_bytes;
+      const std::size_t from = shard_header + static_cast<std::size_t>(m * shard_rows + local) * row_bytes;
+      const std::uint64_t at = out.header_bytes + static_cast<std::uint64_t>(m * length + r.begin) * row_bytes;
+      if (count > 0 && ::pwrite(fd, encoded.data() + from, count, static_cast<off_t>(at)) != static_cast<ssize_t>(count))
+        ok = false;
+      local += r.end - r.begin;
+    }
+  }
+  if (::fsync(fd) != 0) ok = false;
+  ::close(fd);
+  if (!ok) fail_io(out.flag, out.path, "cannot write this rank's rows");
+}
+
+}  // namespace
+
+void ring_run(const RunArgs& args, const Options& options) {
+  const MpiSession session;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &ranks);
+  const distributed::Partition partition =
+      args.partition == "contiguous" ? distributed::Partition::contiguous : distributed::Partition::zigzag;
+
+  // Each rank's rows of the three files (the global lengths from the headers alone).
+  Tensor query, key, value;
+  std::int64_t L = 0, S = 0;
+  agree(
+      comm,
+      [&] {
+        const auto length = [](const std::string& path) {
+          const io::NpyLayout layout = io::read_npy_layout(path);
+          if (layout.shape.size() < 2)
+            throw Error(ErrorKind::value, path, "expected rank >= 2 ((..., seq, dim)), got a rank " +
+                                                    std::to_string(layout.shape.size()) + " array");
+          return layout.shape[layout.shape.size() - 2];
+        };
+        L = length(args.query);
+        S = length(args.key);
+        query = io::read_npy_rows(args.query, io_rows(distributed::shard_rows(L, ranks, rank, partition)), nullptr);
+        key = io::read_npy_rows(args.key, io_rows(distributed::shard_rows(S, ranks, rank, partition)), nullptr);
+        value = io::read_npy_rows(args.value, io_rows(distributed::shard_rows(S, ranks, rank, partition)), nullptr);
+        return std::string();
+      },
+      "--query");
+
+  const std::vector<std::int64_t>& q_shape = query.shape();
+  std::vector<std::int64_t> out_shape(q_shape.begin(), q_shape.end() - 1), lse_shape = out_shape;
+  out_shape.push_back(value.shape().back());
+  Tensor output(query.dtype(), out_shape);
+  Tensor lse(query.dtype() == DType::float64 ? DType::float64 : DType::float32, lse_shape);
+  ForwardOutputs outputs{output.view(), std::nullopt, std::nullopt};
+  if (args.lse) outputs.lse = lse.view();
+  distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition}, options);
+
+  // The global shapes: this rank's with the sequence dim at L.
+  std::vector<std::int64_t> global_out = out_shape, global_lse = lse_shape;
+  global_out[global_out.size() - 2] = L;
+  global_lse.back() = L;
+  std::vector<SharedOutput> files{{"--out", args.out, "", 0}};
+  if (args.lse) files.push_back({"--lse", *args.lse, "", 0});
+  // Rank 0 creates the temporaries; every rank learns their names and header length.
+  agree(
+      comm,
+      [&] {
+        if (rank != 0) return std::string();
+        for (SharedOutput& f : files) {
+          const bool is_out = f.flag == "--out";
+          const Tensor& t = is_out ? output : lse;
+          const std::vector<std::int64_t>& shape = is_out ? global_out : global_lse;
+          std::uint64_t count = 1;
+          for (std::int64_t d : shape) count *= static_cast<std::uint64_t>(d);
+          const std::size_t element = t.dtype() == DType::bfloat16 ? 4 : dtype_size(t.dtype());
+          create_output(f, io::npy_header(t.dtype(), shape, f.flag), count * element);
+        }
+        return std::string();
+      },
+      "--out");
+  for (SharedOutput& f : files) {
+    long long header = static_cast<long long>(f.header_bytes);
+    MPI_Bcast(&header, 1, MPI_LONG_LONG, 0, comm);
+    f.header_bytes = static_cast<std::size_t>(header);
+    int size = static_cast<int>(f.temporary.size());
+    MPI_Bcast(&size, 1, MPI_INT, 0, comm);
+    f.temporary.resize(static_cast<std::size_t>(size));
+    MPI_Bcast(f.temporary.data(), size, MPI_CHAR, 0, comm);
+  }
+  const std::vector<distributed::RowRange> my_rows = distributed::shard_rows(L, ranks, rank, partition);
+  const std::int64_t matrices = output.numel() / std::max<std::int64_t>(1, q_shape[q_shape.size() - 2] * out_shape.back());
+  try {
+    agree(
+        comm,
+        [&] {
+          const std::int64_t shard = q_shape[q_shape.size() - 2];
+          std::int64_t lse_matrices = 1;
+          for (std::size_t d = 0; d + 1 < lse_shape.size(); ++d) lse_matrices *= lse_shape[d];
+          for (const SharedOutput& f : files) {
+            if (f.flag == "--out")
+              write_rows(f, io::encode_npy(output, "--out"), shard == 0 ? 0 : matrices, L, shard, out_shape.back(),
+                         my_rows);
+            else
+              write_rows(f, io::encode_npy(lse, "--lse"), lse_matrices, L, shard, 1, my_rows);
+          }
+          return std::string();
+        },
+        "--out");
+  } catch (const Error&) {
+    if (rank == 0)
+      for (const SharedOutput& f : files) ::unlink(f.temporary.c_str());
+    throw;
+  }
+  if (rank == 0)
+    for (const SharedOutput& f : files)
+      if (std::rename(f.temporary.c_str(), f.path.c_str()) != 0) fail_io(f.flag, f.path, "cannot replace it");
+  MPI_Barrier(comm);
+}
+
+}  // namespace sdpa::cli

@@ -1,0 +1,81 @@
+"""`mpirun -np N sdpa run --ring` against the single-process `sdpa run` on the same .npy
+files (tests/cli/CMakeLists.txt runs it under pytest when MPI was found).
+
+Each rank reads only its rows and writes them into one output file: the output's .npy
+header and size are the single-process file's, and its values agree within 1e-12 in
+float64 (the ring merges partial results by their log-sum-exp, so the last bits may
+differ from a single pass over the keys) and 1e-5 in float32. A bad input ends every rank
+with exit code 2 and its message, and leaves no file behind."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SDPA = os.environ.get("SDPA_CLI")
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(not SDPA or not MPIRUN, reason="needs SDPA_CLI and mpirun")
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
+
+def run(args, ranks=None, cwd=None):
+    command = ([MPIRUN, "-np", str(ranks), "--oversubscribe", SDPA] if ranks else [SDPA]) + args
+    return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def write_inputs(folder: Path, dtype, L, S, Hq=4, Hkv=2):
+    rng = np.random.default_rng(7)
+    np.save(folder / "q.npy", rng.standard_normal((2, Hq, L, 16)).astype(dtype))
+    np.save(folder / "k.npy", rng.standard_normal((2, Hkv, S, 16)).astype(dtype))
+    np.save(folder / "v.npy", rng.standard_normal((2, Hkv, S, 8)).astype(dtype))
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("dtype, L, S, flags", [
+    (np.float64, 37, 37, ["--causal", "top-left"]),
+    (np.float64, 29, 45, ["--causal", "bottom-right", "--partition", "contiguous"]),
+    (np.float64, 40, 40, ["--window-left", "5", "--window-right", "2", "--dropout-p", "0.3", "--seed", "9"]),
+    (np.float32, 33, 50, []),
+])
+def test_ring_run_writes_the_single_process_file(tmp_path, ranks, dtype, L, S, flags):
+    write_inputs(tmp_path, dtype, L, S)
+    common = ["-q", "q.npy", "-k", "k.npy", "-v", "v.npy"] + flags
+    single = run(["run"] + common + ["-o", "single.npy", "--lse", "single_lse.npy"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    ring = run(["run", "--ring"] + common + ["-o", "ring.npy", "--lse", "ring_lse.npy"], ranks=ranks, cwd=tmp_path)
+    assert ring.returncode == 0, ring.stdout + ring.stderr
+    for name in ("", "_lse"):
+        a_bytes = (tmp_path / f"single{name}.npy").read_bytes()
+        b_bytes = (tmp_path / f"ring{name}.npy").read_bytes()
+        assert len(a_bytes) == len(b_bytes)
+        header = 10 + a_bytes[8] + 256 * a_bytes[9]
+        assert a_bytes[:header] == b_bytes[:header]  # the same .npy header, hence dtype and shape
+        a, b = np.load(tmp_path / f"single{name}.npy"), np.load(tmp_path / f"ring{name}.npy")
+        tolerance = 1e-12 if dtype == np.float64 else 1e-5
+        assert np.abs(a - b).max() <= tolerance * max(1.0, np.abs(a).max())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+
+def test_a_bad_input_fails_every_rank_and_writes_nothing(tmp_path):
+    write_inputs(tmp_path, np.float64, 16, 16)
+    np.save(tmp_path / "bad.npy", np.zeros(5))  # rank 1: not (…, seq, dim)
+    ring = run(["run", "--ring", "-q", "q.npy", "-k", "bad.npy", "-v", "v.npy", "-o", "out.npy"], ranks=2,
+               cwd=tmp_path)
+    assert ring.returncode == 2, ring.stderr
+    assert ring.stderr.count("sdpa: error:") == 2, ring.stderr  # one message per rank
+    assert "bad.npy" in ring.stderr
+    assert not (tmp_path / "out.npy").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_flags_that_need_the_whole_sequence_are_refused(tmp_path):
+    write_inputs(tmp_path, np.float64, 8, 8)
+    ring = run(["run", "--ring", "-q", "q.npy", "-k", "k.npy", "-v", "v.npy", "-o", "o.npy", "--weights", "w.npy"],
+               ranks=2, cwd=tmp_path)
+    assert ring.returncode == 2
+    assert "--weights: not accepted with --ring" in ring.stderr
+    assert not (tmp_path / "o.npy").exists()
