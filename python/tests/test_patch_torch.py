@@ -127,3 +127,23 @@ def test_whole_process_patch_until_restored_and_nesting():
     assert F.scaled_dot_product_attention is TORCH_SDPA
     outer.restore()  # twice: harmless
     assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_transformers_sdpa_implementation_runs_on_sdpa_under_the_patch():
+    """transformers' own "sdpa" attention calls torch's function by its module path, so a
+    model on it runs on sdpa under the patch, with the same logits."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        with sdpa.patch_torch() as patch:
+            actual = model(ids, attention_mask=mask).logits
+    assert patch.counts == {"sdpa": 2, "torch": 0}
+    real = mask.bool()
+    assert_close_float32(actual[real], expected[real], "logits")
