@@ -26,14 +26,21 @@ struct Point {
   DType dtype;
   std::int64_t heads_q, heads_kv, L, S, E;
   bool causal;
-  bool decode() const { return L <= 16; }
-  std::string name() const {
-    return std::string(dtype_name(dtype)) + " Hq=" + std::to_string(heads_q) + " Hkv=" + std::to_string(heads_kv) +
-           " L=" + std::to_string(L) + " S=" + std::to_string(S) + " E=" + std::to_string(E) +
-           (causal ? " causal" : "");
+  std::int64_t batch = 1;
+  // A few new tokens against a long cache: memory-bound, measured in GB/s. With L > 1 the
+  // new tokens are causal, bottom-right aligned (each sees the cache and the tokens before it).
+  bool decode() const { return L <= 16 && S >= 4096; }
+  Causal alignment() const {
+    if (decode()) return L > 1 ? Causal::bottom_right : Causal::none;
+    return causal ? Causal::top_left : Causal::none;
   }
-  double flops() const { return 4.0 * heads_q * L * S * E * (causal && L == S ? 0.5 : 1.0); }
-  double kv_bytes() const { return 2.0 * heads_kv * S * E * static_cast<double>(dtype_size(dtype)); }
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + (batch != 1 ? " B=" + std::to_string(batch) : "") +
+           " Hq=" + std::to_string(heads_q) + " Hkv=" + std::to_string(heads_kv) + " L=" + std::to_string(L) +
+           " S=" + std::to_string(S) + " E=" + std::to_string(E) + (alignment() != Causal::none ? " causal" : "");
+  }
+  double flops() const { return 4.0 * batch * heads_q * L * S * E * (causal && L == S ? 0.5 : 1.0); }
+  double kv_bytes() const { return 2.0 * batch * heads_kv * S * E * static_cast<double>(dtype_size(dtype)); }
 };
 
 std::vector<Point> grid(bool quick) {
@@ -50,6 +57,27 @@ std::vector<Point> grid(bool quick) {
   return points;
 }
 
+// `--small`: where a call's fixed cost shows (issue #15) — a model's small heads (H = 12,
+// E = 64, L = S <= 128, B = 1 or 8) and batched decoding (L = 1-16 new tokens against
+// S = 4096-65536, GQA 32/8, E = 128). bench/peers.py times the same points from Python.
+std::vector<Point> small_grid() {
+  std::vector<Point> points;
+  struct Small {
+    std::int64_t batch, L;
+    bool causal;
+  };
+  for (const Small& s : {Small{1, 16, false}, Small{1, 32, false}, Small{1, 64, false}, Small{1, 128, false},
+                         Small{1, 128, true}, Small{8, 64, false}, Small{8, 128, false}})
+    points.push_back({DType::float32, 12, 12, s.L, s.L, 64, s.causal, s.batch});
+  struct Decode {
+    std::int64_t batch, L, S;
+  };
+  for (const Decode& d : {Decode{1, 1, 4096}, Decode{1, 1, 65536}, Decode{4, 1, 16384}, Decode{16, 1, 4096},
+                          Decode{1, 4, 32768}, Decode{1, 16, 8192}, Decode{8, 1, 65536}})
+    points.push_back({DType::float32, 32, 8, d.L, d.S, 128, false, d.batch});
+  return points;
+}
+
 Tensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937_64& rng) {
   Tensor t(dtype, std::move(shape));
   std::normal_distribution<double> normal;
@@ -57,24 +85,27 @@ Tensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937_
   return t;
 }
 
-// Median seconds of `repeats` calls after one warm-up call.
+// Median seconds per call over `repeats` runs after one warm-up call. A run is a block of
+// calls lasting about a millisecond, so that a call of microseconds is not timed alone.
 double time_point(const Point& p, int repeats, int threads) {
   std::mt19937_64 rng(1);
-  const Tensor q = random_tensor(p.dtype, {1, p.heads_q, p.L, p.E}, rng);
-  const Tensor k = random_tensor(p.dtype, {1, p.heads_kv, p.S, p.E}, rng);
-  const Tensor v = random_tensor(p.dtype, {1, p.heads_kv, p.S, p.E}, rng);
-  Tensor out(p.dtype, {1, p.heads_q, p.L, p.E});
+  const Tensor q = random_tensor(p.dtype, {p.batch, p.heads_q, p.L, p.E}, rng);
+  const Tensor k = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
+  const Tensor v = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
+  Tensor out(p.dtype, {p.batch, p.heads_q, p.L, p.E});
   Options options;
-  options.causal = p.causal ? Causal::top_left : Causal::none;
+  options.causal = p.alignment();
   options.num_threads = threads;
   const ForwardOutputs outputs{out.view(), std::nullopt, std::nullopt};
-  forward(q.view(), k.view(), v.view(), outputs, options);
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) {
+  auto block = [&](int calls) {
     const auto start = std::chrono::steady_clock::now();
-    forward(q.view(), k.view(), v.view(), outputs, options);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
+    for (int c = 0; c < calls; ++c) forward(q.view(), k.view(), v.view(), outputs, options);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
+  };
+  const double warm = std::min(block(1), block(1));
+  const int calls = static_cast<int>(std::clamp(1e-3 / warm, 1.0, 1e5));
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) seconds.push_back(block(calls));
   std::sort(seconds.begin(), seconds.end());
   return seconds[seconds.size() / 2];
 }
@@ -93,7 +124,7 @@ TrainingSeconds time_training(const Point& p, int repeats, int threads) {
   Tensor out(p.dtype, {1, p.heads_q, p.L, p.E}), lse(DType::float32, {1, p.heads_q, p.L});
   Tensor dq(p.dtype, q.shape()), dk(p.dtype, k.shape()), dv(p.dtype, v.shape());
   Options options;
-  options.causal = p.causal ? Causal::top_left : Causal::none;
+  options.causal = p.alignment();
   options.num_threads = threads;
   const ForwardOutputs outputs{out.view(), std::nullopt, lse.view()};
   const BackwardInputs inputs{q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view()};
@@ -318,7 +349,7 @@ int bench_command(const BenchArgs& args) {
                        {"fma_peak_gflops", fma.rate},        {"bf16_dot_peak_gflops", bf16.rate},
                        {"stream_read_gbs", stream.rate}};
   if (args.features) return features_command(args, threads, report);
-  std::vector<Point> points = grid(args.quick);
+  std::vector<Point> points = args.small ? small_grid() : grid(args.quick);
   if (!args.filter.empty())
     std::erase_if(points, [&](const Point& p) { return p.name().find(args.filter) == std::string::npos; });
   if (args.backward) std::erase_if(points, [](const Point& p) { return p.decode(); });  // training shapes only
@@ -345,8 +376,9 @@ int bench_command(const BenchArgs& args) {
       continue;
     }
     const double seconds = time_point(p, args.repeats, threads);
-    nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
-                          {"L", p.L},  {"S", p.S}, {"E", p.E}, {"causal", p.causal}, {"seconds", seconds}};
+    nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"batch", p.batch}, {"heads_q", p.heads_q},
+                          {"heads_kv", p.heads_kv}, {"L", p.L}, {"S", p.S}, {"E", p.E},
+                          {"causal", p.alignment() != Causal::none}, {"seconds", seconds}};
     char line[200];
     if (p.decode()) {
       const double gbs = p.kv_bytes() / seconds / 1e9;
@@ -375,7 +407,8 @@ int bench_command(const BenchArgs& args) {
   std::printf("sdpa %s, kernel %s, %d threads\n", info.version.c_str(), info.cpu_kernel.c_str(), threads);
   std::printf("probes: FMA %.1f GFLOP/s (%s), vdpbf16ps %.1f GFLOP/s, stream read %.1f GB/s\n", fma.rate, fma.what,
               bf16.rate, stream.rate);
-  std::printf("median of %d runs, B = 1, E = Ev\n", args.repeats);
+  std::printf("median of %d runs (a run: calls for about a millisecond, per call), B = 1 unless shown, E = Ev\n",
+              args.repeats);
   if (args.backward) std::printf("forward + backward: backward counted as 2.5x the forward's FLOPs\n");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   return kExitOk;

@@ -76,6 +76,7 @@ int info_command();
 // `sdpa bench`: the benchmark grid with the machine's peaks measured in the same run.
 struct BenchArgs {
   bool quick = false;  // skip L = S = 8192
+  bool small = false;  // the small problems and batched decoding instead (per-call cost)
   bool json = false;
   int repeats = 3;
   int threads = 0;

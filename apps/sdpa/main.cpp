@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
   BenchArgs bench_args;
   CLI::App* bench = app.add_subcommand("bench", "Benchmark the forward over the grid, with FMA/bf16/stream probes");
   bench->add_flag("--quick", bench_args.quick, "Skip the L = S = 8192 points");
+  bench->add_flag("--small", bench_args.small,
+                  "Small problems (L = S <= 128, B = 1 and 8) and batched decoding instead: where a call's fixed "
+                  "cost shows");
   bench->add_flag("--json", bench_args.json, "Print the results as JSON");
   bench->add_option("--repeats", bench_args.repeats, "Timed runs per point (median)")
       ->transform(kRepeats)

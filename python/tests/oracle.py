@@ -176,12 +176,13 @@ def rounding_bound(dtype, q64, k64, v64, mask64, *, scale, enable_gqa, reference
     return UNIT_ROUNDOFF[dtype] * (weighted + reference.abs()).max().item()
 
 
-def check_close(what: str, dtype, ours, reference: torch.Tensor, naive=None, bound: float = 0.0) -> None:
-    """DESIGN.md §4. float64: 1e-10 · max(1, max|ref|); float32: 1e-5 · max(1, max|ref|);
+def judge(dtype, ours, reference: torch.Tensor, naive=None, bound: float = 0.0) -> tuple[float, float, float | None]:
+    """(error, tolerance, naive error) of DESIGN.md §4 for `ours` against the float64
+    `reference`. float64: 1e-10 · max(1, max|ref|); float32: 1e-5 · max(1, max|ref|);
     bfloat16 and float16: 2 × the error of `naive` (torch's own computation in that dtype),
     floor 1e-5 — and floor `bound`, the first-order rounding bound of that naive computation
-    (rounding_bound), which keeps a lucky naive run on a few elements from setting the bar."""
-    assert tuple(to_torch(ours).shape) == tuple(reference.shape), (what, to_torch(ours).shape, reference.shape)
+    (rounding_bound), which keeps a lucky naive run on a few elements from setting the bar.
+    The naive error is None for float32 and float64. (bench/peers.py judges the peers by it.)"""
     error = max_error(ours, reference)
     naive_error = None
     if dtype == torch.float64:
@@ -191,8 +192,15 @@ def check_close(what: str, dtype, ours, reference: torch.Tensor, naive=None, bou
     else:
         naive_error = max_error(naive, reference)
         tolerance = max(2.0 * naive_error, 1e-5, bound)
-        if error > max(2.0 * naive_error, 1e-5):
-            BOUND_DECIDED[f"{what} {dtype_name(dtype)}"] = BOUND_DECIDED.get(f"{what} {dtype_name(dtype)}", 0) + 1
+    return error, tolerance, naive_error
+
+
+def check_close(what: str, dtype, ours, reference: torch.Tensor, naive=None, bound: float = 0.0) -> None:
+    """Asserts that `ours` is within judge's tolerance of `reference`, and records the error."""
+    assert tuple(to_torch(ours).shape) == tuple(reference.shape), (what, to_torch(ours).shape, reference.shape)
+    error, tolerance, naive_error = judge(dtype, ours, reference, naive, bound)
+    if naive_error is not None and error > max(2.0 * naive_error, 1e-5):
+        BOUND_DECIDED[f"{what} {dtype_name(dtype)}"] = BOUND_DECIDED.get(f"{what} {dtype_name(dtype)}", 0) + 1
     record(f"{what} {dtype_name(dtype)}", error, tolerance, naive_error)
     assert error <= tolerance, f"{what} ({dtype_name(dtype)}): max error {error:.3g} > tolerance {tolerance:.3g}"
 

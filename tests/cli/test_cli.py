@@ -622,6 +622,26 @@ def check_check_command():
     report("check_50_cases", proc.returncode == 0, last)
 
 
+def check_bench_small():
+    """`sdpa bench --small` times the small problems and the batched decoding points of
+    issue #15 (bench/peers.py's grid), each as its shape says: a small point in GFLOP/s, a
+    decoding point with L > 1 causal (bottom-right) in GB/s."""
+    import json
+
+    found = {}
+    for name, wanted in (("small", "L=16 S=16 "), ("decode", "L=16 S=8192 ")):
+        proc = sdpa("bench", "--small", "--json", "--repeats", "1", "--filter", wanted)
+        points = json.loads(proc.stdout)["points"] if proc.returncode == 0 else []
+        found[name] = points[0] if len(points) == 1 else None
+    small, decode = found["small"], found["decode"]
+    ok = (small is not None and decode is not None
+          and (small["batch"], small["heads_q"], small["L"], small["S"], small["E"], small["causal"]) ==
+          (1, 12, 16, 16, 64, False) and small["gflops"] > 0 and "gbs" not in small
+          and (decode["heads_q"], decode["heads_kv"], decode["L"], decode["S"], decode["causal"]) == (32, 8, 16, 8192, True)
+          and decode["gbs"] > 0)
+    report("bench_small_grid", ok, f"{found}")
+
+
 def check_info_and_version():
     info, version = sdpa("info"), sdpa("--version")
     number = version.stdout.strip().split()[-1] if version.stdout.strip() else "?"
@@ -648,6 +668,7 @@ CHECKS = [
     check_option_errors_name_the_flag,
     check_run_help_documents_issue7_flags,
     check_check_command,
+    check_bench_small,
     check_info_and_version,
 ]
 
