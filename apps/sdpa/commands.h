@@ -48,6 +48,7 @@ struct RunArgs {
   // writes only its rows; partition zigzag | contiguous.
   bool ring = false;
   std::string partition = "zigzag";
+  std::string exchange = "ring";  // ring | all-gather
 };
 int run_command(const RunArgs& args);
 

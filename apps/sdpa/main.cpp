@@ -178,6 +178,10 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   run->add_option("--partition", a.partition, "With --ring: zigzag (balanced when causal) or contiguous")
       ->check(CLI::IsMember({"zigzag", "contiguous"}))
       ->capture_default_str();
+  run->add_option("--exchange", a.exchange,
+                  "With --ring: ring (K/V passed around, memory O(shard)) or all-gather (K/V gathered once; GQA/MQA)")
+      ->check(CLI::IsMember({"ring", "all-gather"}))
+      ->capture_default_str();
 }
 
 void add_check_command(CLI::App& app, CheckArgs& args) {

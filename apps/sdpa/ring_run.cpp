@@ -155,7 +155,9 @@ void ring_run(const RunArgs& args, const Options& options) {
   Tensor lse(query.dtype() == DType::float64 ? DType::float64 : DType::float32, lse_shape);
   ForwardOutputs outputs{output.view(), std::nullopt, std::nullopt};
   if (args.lse) outputs.lse = lse.view();
-  distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition}, options);
+  const distributed::Exchange exchange =
+      args.exchange == "all-gather" ? distributed::Exchange::all_gather : distributed::Exchange::ring;
+  distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition, exchange}, options);
 
   // The global shapes: this rank's with the sequence dim at L.
   std::vector<std::int64_t> global_out = out_shape, global_lse = lse_shape;

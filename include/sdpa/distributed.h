@@ -23,11 +23,22 @@ namespace sdpa::distributed {
 // Lengths need not divide: shards differ by at most a row (two for zigzag).
 enum class Partition { contiguous, zigzag };
 
+// How K/V reach every rank.
+//   ring:       N − 1 steps, each passing one K/V shard to the next rank while the shard
+//               in hand is computed: memory O(shard), the transfer hidden behind the
+//               compute when shards are long enough (docs/distributed.md).
+//   all_gather: one MPI_Allgatherv of every K/V shard first (Llama 3's context
+//               parallelism), then the compute: no per-step latency, but memory for the
+//               whole K/V on every rank. Wins for GQA/MQA, where K/V are Hq/Hkv times
+//               smaller than Q, and for short shards, whose compute cannot hide a step.
+enum class Exchange { ring, all_gather };
+
 // The global problem every rank's shard belongs to; the same on every rank.
 struct Sharding {
   std::int64_t query_length = 0;  // global L
   std::int64_t key_length = 0;    // global S
   Partition partition = Partition::contiguous;
+  Exchange exchange = Exchange::ring;
 };
 
 // Rows [begin, end) of the global sequence.

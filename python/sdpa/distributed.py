@@ -107,7 +107,7 @@ def _backward(ctx, grad_output, grad_lse):
 ring_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def ring_attention(query, key, value, *, comm=None, causal=None, partition: str = "zigzag",
+def ring_attention(query, key, value, *, comm=None, causal=None, partition: str = "zigzag", exchange: str = "ring",
                    query_length: Optional[int] = None, key_length: Optional[int] = None,
                    key_padding_mask=None, scale=None, dropout_p=0.0, seed=None, window_size=(-1, -1),
                    alignment=None, alibi_slopes=None, softcap=0.0, return_lse=False):
@@ -115,7 +115,9 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     default MPI.COMM_WORLD). query (..., Hq, Lr, E), key (..., Hkv, Sr, E), value
     (..., Hkv, Sr, Ev): this rank's shards under `partition` of the global lengths
     `query_length`, `key_length` (default: the sums of the shards' lengths over the ranks).
-    `key_padding_mask`: bool, this rank's keys, (Sr,) or (..., 1, 1, Sr), True = the key
+    `exchange`: "ring" (K/V shards pass around the ring, overlapped with the compute; memory
+    O(shard)) or "all_gather" (every K/V shard gathered once first, as Llama 3's context
+    parallelism; wins when K/V are small next to Q, GQA/MQA). `key_padding_mask`: bool, this rank's keys, (Sr,) or (..., 1, 1, Sr), True = the key
     takes part. The other keywords are sdpa.attention's, seen on global positions; with
     dropout and no seed, rank 0 draws one for all. Returns this rank's output rows (and lse
     with return_lse). Collective: every rank must call it, with the same keywords."""
@@ -125,6 +127,10 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
 
     if comm is None:
         comm = MPI.COMM_WORLD
+    if partition not in ("zigzag", "contiguous"):
+        raise ValueError(f"partition: expected 'zigzag' or 'contiguous', got {partition!r}")
+    if exchange not in ("ring", "all_gather"):
+        raise ValueError(f"exchange: expected 'ring' or 'all_gather', got {exchange!r}")
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -138,5 +144,5 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
         options = options._replace(seed=comm.bcast(options.seed, root=0))
     slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
     out, lse = ring_forward(query, key, value, key_padding_mask, slopes, _comm_handle(comm), int(query_length),
-                            int(key_length), partition, *_options.flatten(options))
+                            int(key_length), f"{partition}:{exchange}", *_options.flatten(options))
     return (out, lse) if return_lse else out

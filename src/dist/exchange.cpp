@@ -13,13 +13,13 @@ constexpr std::size_t kMessageBytes = std::size_t{1} << 30;
 
 }  // namespace
 
-Exchange::~Exchange() {
+Transfer::~Transfer() {
   // Only after an exception between start() and wait(): the buffers are about to be
   // freed, so the transfers must end first (the peer made the same calls).
   if (!requests_.empty()) wait();
 }
 
-void Exchange::start(const void* send, std::size_t send_bytes, int to, void* receive, std::size_t receive_bytes,
+void Transfer::start(const void* send, std::size_t send_bytes, int to, void* receive, std::size_t receive_bytes,
                      int from) {
   for (std::size_t at = 0; at < receive_bytes; at += kMessageBytes) {
     requests_.emplace_back();
@@ -34,14 +34,14 @@ void Exchange::start(const void* send, std::size_t send_bytes, int to, void* rec
   bytes_sent_ += static_cast<double>(send_bytes);
 }
 
-void Exchange::poll() {
+void Transfer::poll() {
   if (requests_.empty()) return;
   int done = 0;
   MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
   if (done) requests_.clear();
 }
 
-void Exchange::wait() {
+void Transfer::wait() {
   if (requests_.empty()) return;
   MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   requests_.clear();

@@ -12,12 +12,12 @@
 
 namespace sdpa::distributed::detail {
 
-class Exchange {
+class Transfer {
  public:
-  explicit Exchange(MPI_Comm comm, int tag) : comm_(comm), tag_(tag) {}
-  Exchange(const Exchange&) = delete;
-  Exchange& operator=(const Exchange&) = delete;
-  ~Exchange();
+  explicit Transfer(MPI_Comm comm, int tag) : comm_(comm), tag_(tag) {}
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+  ~Transfer();
 
   // Starts sending `send_bytes` to rank `to` and receiving `receive_bytes` from `from`.
   void start(const void* send, std::size_t send_bytes, int to, void* receive, std::size_t receive_bytes, int from);

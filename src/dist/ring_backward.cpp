@@ -5,6 +5,8 @@
 // for float64) follows it one step behind: at step s this rank adds its contribution to
 // the accumulator that rank r − 1 sent for the same shard and passes it on to r + 1,
 // so after N steps it arrives, summed over every rank's queries, at its owner.
+#include <time.h>
+
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "api/views.h"
 #include "cpu/dispatch.h"
 #include "dist/agreement.h"
+#include "dist/all_gather.h"
 #include "dist/exchange.h"
 #include "dist/shards.h"
 #include "dist/stats.h"
@@ -26,6 +29,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+// CPU time of the calling thread: what a rank's compute costs whatever else shares its core.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 constexpr int kKeyValueTag = 7002, kGradientTag = 7003;
 std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
@@ -61,30 +70,52 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
   for (auto& g : step_grads) g.resize(gradient_floats(largest));
 
   std::vector<std::byte> buffers[2];
-  for (auto& b : buffers) b.resize(kv_layout(call, largest, false).total());
+  buffers[0].resize(kv_layout(call, largest, false).total());
+  if (sh.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
   pack_kv(call, in.key, in.value, buffers[0].data());
 
-  Exchange kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag), grad_send[2]{Exchange(comm, kGradientTag), Exchange(comm, kGradientTag)};
+  // All-gather: every K/V shard at once; each rank's contributions to every shard's dK/dV
+  // in one buffer (shard after shard), summed onto the owners by one reduce-scatter.
+  const bool gather = sh.exchange == Exchange::all_gather;
+  GatheredKv gathered;
+  std::vector<Acc> all_grads;
+  std::vector<std::size_t> grad_offset;
+  std::vector<int> grad_floats;
+  if (gather) {
+    gathered = gather_kv(comm, call, buffers[0].data());
+    stats.bytes_sent += gathered.bytes_sent;
+    std::size_t total = 0;
+    for (int k = 0; k < N; ++k) {
+      grad_offset.push_back(total);
+      grad_floats.push_back(static_cast<int>(gradient_floats(keys_of(k))));
+      total += gradient_floats(keys_of(k));
+    }
+    all_grads.assign(total, Acc{0});
+  }
+
+  Transfer kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag), grad_send[2]{Transfer(comm, kGradientTag), Transfer(comm, kGradientTag)};
   for (int s = 0; s < N; ++s) {
     const int source = (r - s + N) % N;
     const std::int64_t S_source = keys_of(source);
-    std::byte* hand = buffers[s % 2].data();
-    if (s + 1 < N) {
+    std::byte* hand = gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)]
+                             : buffers[s % 2].data();
+    if (!gather && s + 1 < N) {
       const int next_source = (r - s - 1 + N) % N;
       kv_exchange.start(hand, kv_layout(call, S_source, false).total(), (r + 1) % N, buffers[(s + 1) % 2].data(),
                         kv_layout(call, keys_of(next_source), false).total(), (r - 1 + N) % N);
     }
     // The accumulator of this shard so far (none at step 0: it is this rank's own).
-    if (s > 0)
+    if (!gather && s > 0)
       grad_receive.start(nullptr, 0, 0, incoming.data(), gradient_floats(S_source) * sizeof(Acc), (r - 1 + N) % N);
     // The buffer this step's sum goes out in was sent two steps ago: that send must be done.
     std::vector<Acc>& grads = step_grads[s % 2];
     grad_send[s % 2].wait();
-    std::fill(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(gradient_floats(S_source)), Acc{0});
-    Acc* dk_acc = grads.data();
-    Acc* dv_acc = grads.data() + kv_matrices * S_source * E;
+    Acc* dk_acc = gather ? all_grads.data() + grad_offset[static_cast<std::size_t>(source)] : grads.data();
+    if (!gather) std::fill(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(gradient_floats(S_source)), Acc{0});
+    Acc* dv_acc = dk_acc + kv_matrices * S_source * E;
 
     const Clock::time_point compute_start = Clock::now();
+    const double cpu_start = thread_cpu_seconds();
     const KvViews kv = kv_views(call, S_source, hand);
     for (const Piece& kp : shard_pieces(sh.key_length, N, source, sh.partition)) {
       for (const Piece& qp : q_pieces)
@@ -131,6 +162,8 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
         }
     }
     stats.compute_seconds += seconds_since(compute_start);
+    stats.compute_cpu_seconds += thread_cpu_seconds() - cpu_start;
+    if (gather) continue;
     const Clock::time_point wait_start = Clock::now();
     grad_receive.wait();
     stats.wait_seconds += seconds_since(wait_start);
@@ -141,11 +174,17 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
     kv_exchange.wait();
     stats.wait_seconds += seconds_since(kv_wait);
   }
-  // This rank's own shard's dK, dV, summed over every rank, from rank r − 1.
-  grad_receive.start(nullptr, 0, 0, incoming.data(), gradient_floats(call.S_shard) * sizeof(Acc), (r - 1 + N) % N);
+  // This rank's own shard's dK, dV, summed over every rank: from rank r − 1 (ring), or
+  // from the reduce-scatter (all-gather).
   const Clock::time_point wait_start = Clock::now();
-  grad_receive.wait();
-  for (auto& e : grad_send) e.wait();
+  if (gather) {
+    reduce_scatter_gradients(comm, all_grads, grad_floats, incoming.data());
+    stats.bytes_sent += static_cast<double>((all_grads.size() - gradient_floats(call.S_shard)) * sizeof(Acc));
+  } else {
+    grad_receive.start(nullptr, 0, 0, incoming.data(), gradient_floats(call.S_shard) * sizeof(Acc), (r - 1 + N) % N);
+    grad_receive.wait();
+    for (auto& e : grad_send) e.wait();
+  }
   stats.wait_seconds += seconds_since(wait_start);
   stats.bytes_sent += kv_exchange.bytes_sent() + grad_send[0].bytes_sent() + grad_send[1].bytes_sent();
 

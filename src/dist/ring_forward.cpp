@@ -7,6 +7,8 @@
 // Work skipped: a (query block, key piece) pair whose keys the band masks for every
 // query of the block (causal, window) is never computed. With the zigzag partition a
 // causal call then does the same work on every rank.
+#include <time.h>
+
 #include <chrono>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "api/views.h"
 #include "cpu/dispatch.h"
 #include "dist/agreement.h"
+#include "dist/all_gather.h"
 #include "dist/exchange.h"
 #include "dist/merge.h"
 #include "dist/shards.h"
@@ -34,6 +37,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+// CPU time of the calling thread: what a rank's compute costs whatever else shares its core.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 constexpr int kForwardTag = 7001;
 
@@ -70,21 +79,32 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
   for (int k = 0; k < N; ++k)
     largest = std::max(largest, shard_length(call.sharding.key_length, N, k, call.sharding.partition));
   std::vector<std::byte> buffers[2];
-  for (auto& b : buffers) b.resize(kv_layout(call, largest, false).total());
+  buffers[0].resize(kv_layout(call, largest, false).total());
+  if (call.sharding.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
   pack_kv(call, key, value, buffers[0].data());
 
-  Exchange exchange(comm, kForwardTag);
+  // All-gather: every shard at once, then the same steps without transfers.
+  const bool gather = call.sharding.exchange == Exchange::all_gather;
+  GatheredKv gathered;
+  if (gather) {
+    gathered = gather_kv(comm, call, buffers[0].data());
+    stats.bytes_sent += gathered.bytes_sent;
+  }
+
+  Transfer exchange(comm, kForwardTag);
   for (int s = 0; s < N; ++s) {
     const int source = (r - s + N) % N;  // whose K/V is in hand
     const std::int64_t S_source = shard_length(call.sharding.key_length, N, source, call.sharding.partition);
-    std::byte* hand = buffers[s % 2].data();
-    if (s + 1 < N) {
+    std::byte* hand = gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)]
+                             : buffers[s % 2].data();
+    if (!gather && s + 1 < N) {
       const int next_source = (r - s - 1 + N) % N;
       const std::int64_t S_next = shard_length(call.sharding.key_length, N, next_source, call.sharding.partition);
       exchange.start(hand, kv_layout(call, S_source, false).total(), (r + 1) % N, buffers[(s + 1) % 2].data(),
                      kv_layout(call, S_next, false).total(), (r - 1 + N) % N);
     }
     const Clock::time_point compute_start = Clock::now();
+    const double cpu_start = thread_cpu_seconds();
     const KvViews kv = kv_views(call, S_source, hand);
     bool computed = false;
     for (const Piece& kp : shard_pieces(call.sharding.key_length, N, source, call.sharding.partition)) {
@@ -113,6 +133,7 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
         }
     }
     stats.compute_seconds += seconds_since(compute_start);
+    stats.compute_cpu_seconds += thread_cpu_seconds() - cpu_start;
     stats.steps_computed += computed ? 1 : 0;
     const Clock::time_point wait_start = Clock::now();
     exchange.wait();

@@ -87,6 +87,7 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   s << "dtype " << dtype_name(call.dtype) << ", batch " << shape_string(call.batch_shape) << ", Hq " << call.heads_q
     << ", Hkv " << call.heads_kv << ", E " << call.E << ", Ev " << call.Ev << ", L " << sharding.query_length
     << ", S " << sharding.key_length << ", " << partition_name(sharding.partition) << " over " << call.ranks
+    << (sharding.exchange == Exchange::all_gather ? " all-gather" : " ring")
     << ", causal " << static_cast<int>(options.causal) << ", alignment "
     << (options.alignment ? static_cast<int>(*options.alignment) : -1) << ", window " << options.window_left << ' '
     << options.window_right << ", scale " << options.scale.value_or(0.0) << (options.scale ? "" : " (default)")

@@ -5,7 +5,9 @@
 namespace sdpa::distributed::detail {
 
 struct RingStats {
-  double compute_seconds = 0;  // attention kernels and merges
+  double compute_seconds = 0;      // attention kernels and merges (wall clock)
+  double compute_cpu_seconds = 0;  // the same, CPU time of the calling thread (all of it
+                                   // with one OpenMP thread per rank)
   double wait_seconds = 0;     // blocked in MPI_Waitall: the exchange that compute did not hide
   double total_seconds = 0;    // the whole call, checks and agreement included
   double bytes_sent = 0;

@@ -40,6 +40,7 @@ def write_inputs(folder: Path, dtype, L, S, Hq=4, Hkv=2):
     (np.float64, 29, 45, ["--causal", "bottom-right", "--partition", "contiguous"]),
     (np.float64, 40, 40, ["--window-left", "5", "--window-right", "2", "--dropout-p", "0.3", "--seed", "9"]),
     (np.float32, 33, 50, []),
+    (np.float64, 30, 30, ["--causal", "top-left", "--exchange", "all-gather"]),
 ])
 def test_ring_run_writes_the_single_process_file(tmp_path, ranks, dtype, L, S, flags):
     write_inputs(tmp_path, dtype, L, S)

@@ -60,6 +60,7 @@ struct RingCase {
   Shape batch{2};
   std::int64_t Hq = 4, Hkv = 2, L = 37, S = 37, E = 16, Ev = 8;
   Partition partition = Partition::contiguous;
+  Exchange exchange = Exchange::ring;
   Options options;
   bool key_padding = false;
   bool alibi = false;
@@ -114,7 +115,7 @@ void expect_ring_matches(RingCase c) {
   Tensor lse(c.dtype == DType::float64 ? DType::float64 : DType::float32,
              Shape(out.shape().begin(), out.shape().end() - 1));
   forward(MPI_COMM_WORLD, q_shard.view(), k_shard.view(), v_shard.view(), {out.view(), std::nullopt, lse.view()},
-          {c.L, c.S, c.partition}, ring);
+          {c.L, c.S, c.partition, c.exchange}, ring);
 
   const Tensor expected_out = gather_rows(whole.output, q_rows);
   Tensor whole_lse_as_rows = whole.lse;  // (…, L) seen as (…, L, 1)
@@ -170,7 +171,7 @@ void expect_ring_matches(RingCase c) {
   BackwardInputs ring_in{q_shard.view(), k_shard.view(), v_shard.view(), out.view(), lse.view(), grad_out_shard.view()};
   if (c.grad_lse) ring_in.grad_lse = grad_lse_shard.view();
   Tensor dq(c.dtype, q_shard.shape()), dk(c.dtype, k_shard.shape()), dv(c.dtype, v_shard.shape());
-  backward(MPI_COMM_WORLD, ring_in, {dq.view(), dk.view(), dv.view(), std::nullopt}, {c.L, c.S, c.partition}, ring);
+  backward(MPI_COMM_WORLD, ring_in, {dq.view(), dk.view(), dv.view(), std::nullopt}, {c.L, c.S, c.partition, c.exchange}, ring);
 
   const std::pair<const Tensor*, Tensor> pairs[] = {{&dq, gather_rows(expected.grad_query, q_rows)},
                                                     {&dk, gather_rows(expected.grad_key, k_rows)},
@@ -275,6 +276,23 @@ TEST(Ring, ReferenceBackend) {
   c.dtype = DType::float64;
   c.options.backend = Backend::reference;
   c.gradients = false;  // refused: RingErrors.ReferenceBackward
+  expect_ring_matches(c);
+}
+
+TEST(Ring, AllGatherCausalGqaFloat64) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 45, 45);
+  c.dtype = DType::float64;
+  c.exchange = Exchange::all_gather;
+  c.grad_lse = true;
+  expect_ring_matches(c);
+}
+
+TEST(RingAllGather, KeyPaddingDropoutContiguousFloat32) {
+  RingCase c;
+  c.exchange = Exchange::all_gather;
+  c.key_padding = true;
+  c.options.dropout_p = 0.2;
+  c.options.seed = 4;
   expect_ring_matches(c);
 }
 
