@@ -7,8 +7,9 @@
 // hidden behind compute: 1 − wait / (steps · one step's transfer alone).
 // `single` runs sdpa::forward on the whole sequence in one process instead.
 //
-//   mpirun -np 2 sdpa_ring_bench L E causal partition exchange repeats
-//   sdpa_ring_bench L E causal single repeats
+//   mpirun -np 2 sdpa_ring_bench L E causal partition exchange repeats [window_left]
+//   sdpa_ring_bench L E causal single repeats [window_left]
+// window_left >= 0 adds a sliding window (for the memory runs: long L, little compute).
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,10 +44,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int single(std::int64_t L, std::int64_t E, bool causal, int repeats) {
+int single(std::int64_t L, std::int64_t E, bool causal, int repeats, std::int64_t window_left) {
   const sdpa::Tensor q = random({1, 1, L, E}, 1), k = random({1, 1, L, E}, 2), v = random({1, 1, L, E}, 3);
   sdpa::Options options;
   options.causal = causal ? sdpa::Causal::top_left : sdpa::Causal::none;
+  options.window_left = window_left;
   std::vector<double> times;
   sdpa::forward(q.view(), k.view(), v.view(), options);  // warm-up
   for (int r = 0; r < repeats; ++r) {
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
   const std::int64_t L = std::atoll(argv[1]), E = std::atoll(argv[2]);
   const bool causal = std::atoi(argv[3]) != 0;
   const std::string partition_name = argv[4];
-  if (partition_name == "single") return single(L, E, causal, std::atoi(argv[5]));
+  if (partition_name == "single") return single(L, E, causal, std::atoi(argv[5]), argc > 6 ? std::atoll(argv[6]) : -1);
   const bool all_gather = std::string(argv[5]) == "all_gather";
   const int repeats = argc > 6 ? std::atoi(argv[6]) : 3;
 
@@ -88,6 +90,7 @@ int main(int argc, char** argv) {
   sdpa::Tensor out(sdpa::DType::float32, {1, 1, rows, E});
   sdpa::Options options;
   options.causal = causal ? sdpa::Causal::top_left : sdpa::Causal::none;
+  options.window_left = argc > 7 ? std::atoll(argv[7]) : -1;
 
   // The link alone: one ring step's K/V bytes, sent and received with no compute.
   const std::size_t step_bytes = static_cast<std::size_t>(2 * rows * E) * sizeof(float);
