@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 
 #include "sdpa/error.h"
 
@@ -30,6 +31,8 @@ void agree(MPI_Comm comm, const std::function<std::string()>& check, const char*
     signature = check();
   } catch (const Error& e) {
     error = e;
+  } catch (const std::exception& e) {  // out of memory reading a shard, say: still every rank's error
+    error = Error(ErrorKind::value, argument, e.what());
   }
   // One reduction answers both questions: the lowest failing rank (or none) and whether
   // every signature hash is the same (min(h) == max(h), max taken as min of ~h).
