@@ -69,6 +69,21 @@ def test_global_lengths_default_to_the_sum_of_the_shards():
     assert (out - _shard(whole, rows)).abs().max().item() <= 1e-12
 
 
+def test_key_padding_mask_travels_with_its_keys():
+    g = torch.Generator().manual_seed(9)
+    L = 30
+    q = torch.randn(2, 2, L, 8, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 2, L, 8, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 2, L, 8, dtype=torch.float64, generator=g)
+    keep = torch.rand(2, 1, 1, L, generator=g) < 0.7
+    whole = sdpa.attention(q, k, v, keep, causal="top_left")
+    rows = dist.shard_rows(L, SIZE, RANK, "zigzag")
+    index = torch.cat([torch.arange(b, e, dtype=torch.long) for b, e in rows])
+    out = dist.ring_attention(_shard(q, rows), _shard(k, rows), _shard(v, rows), causal="top_left",
+                              key_padding_mask=keep[..., index].contiguous())
+    assert (out - _shard(whole, rows)).abs().max().item() <= 1e-12
+
+
 def test_a_bad_shard_on_one_rank_is_an_error_on_every_rank():
     L = 8 * SIZE
     rows = L // SIZE + (1 if RANK == SIZE - 1 else 0)
