@@ -17,7 +17,9 @@ machine's drift hits all alike; a figure is the median over the rounds of a bloc
 call. Shown: GFLOP/s (FlashAttention's count, 4·B·Hq·L·S·E, half when causal with L = S) or,
 for decoding (L ≤ 16), GB/s of K and V read; their fraction of the machine's FMA or
 streaming-read probe (`sdpa bench`'s, apps/sdpa/probes.cpp, run by this script in the same
-run); and each peer's time per call over sdpa's (> 1: sdpa is faster).
+run); and each peer's time per call over sdpa's (> 1: sdpa is faster). For the small and
+decoding points the time of the same call from C++ (`sdpa bench --small`) stands beside
+sdpa's from Python: the difference is what the Python call adds.
 
 How each is called, each in its fastest form for repeated calls (outputs preallocated where
 the API allows, inputs bound once):
@@ -117,7 +119,7 @@ def grid() -> list[Point]:
         points.append(Point("small", "float32", B, 12, 12, L, L, 64, causal=causal, quick=quick))
     # Decoding: L new tokens against a cache of S, batched, GQA 32/8, E = 128.
     for B, L, S, quick in ((1, 1, 4096, False), (1, 1, 65536, True), (4, 1, 16384, False), (16, 1, 4096, True),
-                           (1, 4, 32768, False), (1, 16, 8192, True), (8, 1, 65536, False)):
+                           (1, 4, 32768, False), (1, 16, 8192, True), (4, 1, 65536, False)):
         points.append(Point("decode", "float32", B, 32, 8, L, S, 128, quick=quick))
     return points
 
@@ -148,6 +150,21 @@ def probes(cli: pathlib.Path, threads: int) -> dict:
     result = subprocess.run([str(cli), "bench", "--json", "--num-threads", str(threads), "--filter", "(probes only)"],
                             check=True, capture_output=True, text=True)
     return json.loads(result.stdout)["machine"]
+
+
+def cxx_seconds(cli: pathlib.Path, threads: int, repeats: int) -> dict:
+    """Seconds per call of the same small and decoding points from C++ (`sdpa bench --small`:
+    no Python in the call), keyed by shape: what the Python call adds is the difference."""
+    if not cli.is_file():
+        return {}
+    result = subprocess.run([str(cli), "bench", "--small", "--json", "--num-threads", str(threads), "--repeats",
+                             str(repeats)], check=True, capture_output=True, text=True)
+    return {(r["batch"], r["heads_q"], r["heads_kv"], r["L"], r["S"], r["E"], r["causal"]): r["seconds"]
+            for r in json.loads(result.stdout)["points"]}
+
+
+def shape_key(p: Point):
+    return (p.B, p.Hq, p.Hkv, p.L, p.S, p.E, p.alignment is not None)
 
 
 def cpu_model() -> str:
@@ -367,7 +384,7 @@ def ort_attention_call(p: Point, x: Inputs, threads: int):
         binding.bind_cpu_input(name, array)
     binding.bind_output("y", "cpu", 0, np.float32, out.shape, out.ctypes.data)
 
-    def call():
+    def call(keep=arrays):  # the binding reads `arrays` in place: keep them
         session.run_with_iobinding(binding)
         return torch.from_numpy(out)
 
@@ -405,8 +422,9 @@ def ort_gqa_call(p: Point, x: Inputs, threads: int):
     cache_v = ort.OrtValue.ortvalue_from_numpy(x.v.contiguous().numpy().copy())
     out = np.empty((p.B, p.L, p.Hq * p.E), np.float32)
     binding = session.io_binding()
-    for name, array in (("q", q), ("k", k_new), ("v", v_new), ("seqlens_k", np.full(p.B, p.S - 1, np.int32)),
-                        ("total", np.array(p.S, np.int32))):
+    bound = (("q", q), ("k", k_new), ("v", v_new), ("seqlens_k", np.full(p.B, p.S - 1, np.int32)),
+             ("total", np.array(p.S, np.int32)))
+    for name, array in bound:
         binding.bind_cpu_input(name, array)
     # One buffer for past and present: the op writes the new keys in place, as in decoding.
     binding.bind_ortvalue_input("past_k", cache_k)
@@ -415,7 +433,7 @@ def ort_gqa_call(p: Point, x: Inputs, threads: int):
     binding.bind_ortvalue_output("present_v", cache_v)
     binding.bind_output("y", "cpu", 0, np.float32, out.shape, out.ctypes.data)
 
-    def call():
+    def call(keep=bound):  # the binding reads them in place: keep them
         session.run_with_iobinding(binding)
         return torch.from_numpy(out).reshape(p.B, p.L, p.Hq, p.E).transpose(1, 2)
 
@@ -505,7 +523,13 @@ def rate(p: Point, seconds: float, machine: dict) -> tuple[str, float | None]:
     return f"{gflops:.1f} GFLOP/s", (gflops / peak if peak else None)
 
 
-def print_tables(rows, machine, args):
+def duration(seconds) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def print_tables(rows, machine, args, cxx):
     import onnxruntime
     import openvino
     import sdpa
@@ -536,13 +560,14 @@ def print_tables(rows, machine, args):
             shown.append(text.split()[0] + (f" ({100 * fraction:.0f}%)" if fraction else ""))
         print(f"| {p.name()} | " + " | ".join(shown) + " |")
     print()
-    print("Time per call, sdpa, and each peer's time over sdpa's (> 1: sdpa is faster):")
-    print("| point | sdpa | " + " | ".join(PEERS) + " |")
-    print("|:--|--:|" + "--:|" * len(PEERS))
+    print("Time per call: sdpa from Python, the same point from C++ (sdpa bench --small, no Python in the call),")
+    print("and each peer's time over sdpa's from Python (> 1: sdpa is faster):")
+    print("| point | sdpa | sdpa C++ | " + " | ".join(PEERS) + " |")
+    print("|:--|--:|--:|" + "--:|" * len(PEERS))
     reasons = {}
     for p, cells in rows:
         ours = cells["sdpa"].seconds
-        shown = [f"{ours * 1e6:.1f} µs" if ours and ours < 1e-3 else (f"{ours * 1e3:.2f} ms" if ours else "—")]
+        shown = [duration(ours), duration(cxx.get(shape_key(p)))]
         for name in PEERS:
             c = cells[name]
             if c.why == f"n/a: {NOT_DECODING}":
@@ -593,6 +618,10 @@ def main():
     torch.set_num_threads(args.threads)
     points = [p for p in grid() if (p.quick or not args.quick) and (args.filter in p.name() or args.filter == p.group)]
     machine = probes(args.cli, args.threads)
+    cxx = {}
+    if any(p.group != "issue" for p in points):
+        print("peers.py: sdpa bench --small (the C++ figures)", file=sys.stderr)
+        cxx = cxx_seconds(args.cli, args.threads, args.rounds)
     rows = []
     for n, p in enumerate(points):
         print(f"\r[{n}/{len(points)}] {p.name():60s}", end="", file=sys.stderr, flush=True)
@@ -600,10 +629,11 @@ def main():
     print(file=sys.stderr)
     if args.json:
         print(json.dumps(dict(machine=machine, cpu=cpu_model(), threads=args.threads, points=[
-            dict(name=p.name(), **dataclasses.asdict(p), cells={name: dataclasses.asdict(c) for name, c in cells.items()})
+            dict(name=p.name(), **dataclasses.asdict(p), cxx_seconds=cxx.get(shape_key(p)),
+                 cells={name: dataclasses.asdict(c) for name, c in cells.items()})
             for p, cells in rows]), indent=2))
         return
-    print_tables(rows, machine, args)
+    print_tables(rows, machine, args, cxx)
 
 
 if __name__ == "__main__":

@@ -77,17 +77,16 @@ def _run(fw, q, k, v, mask, slopes, options, *, weights, lse, out, mask_name):
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
-        # No gradient wanted: DLPack exports only tensors that do not require grad.
-        q, k, v = q.detach(), k.detach(), v.detach()
-        mask = None if mask is None else mask.detach()
     rows = tuple(q.shape[:-1])  # (..., Hq, L)
     out = fw.empty(rows + tuple(v.shape[-1:]), q.dtype) if out is None else fw.prepare("out", out, output=True)
     weights_buffer = fw.empty(rows + tuple(k.shape[-2:-1]), q.dtype) if weights else None
     lse_buffer = fw.empty(rows, fw.lse_dtype(q)) if lse else None
     # The library validates everything (shapes, dtypes, mask broadcasting, overlap) before it
-    # writes anything; its errors arrive as TypeError / ValueError.
-    written = out.detach() if isinstance(fw, _Torch) else out  # the caller's memory either way
-    _core.forward(q, k, v, mask, slopes, written, weights_buffer, lse_buffer, to_core(options), mask_name)
+    # writes anything; its errors arrive as TypeError / ValueError. No gradient is wanted
+    # here: the tensors go as DLPack views of the caller's memory (fw.export).
+    export = fw.export
+    _core.forward(export(q), export(k), export(v), export(mask), slopes, export(out), export(weights_buffer),
+                  export(lse_buffer), to_core(options), mask_name)
     return out, weights_buffer, lse_buffer
 
 

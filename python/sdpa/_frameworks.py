@@ -25,9 +25,10 @@ class _Torch:
     """Inputs and outputs as torch tensors (CPU, strided layout)."""
 
     def __init__(self):
-        import torch
-
-        self.torch = torch
+        # Made for every call: torch is imported by then (the caller's tensors are torch's),
+        # and so is torch.utils.dlpack (torch.from_dlpack comes from it).
+        self.torch = _torch_module()
+        self._to_dlpack = self.torch.utils.dlpack.to_dlpack
 
     def prepare(self, name, x, output=False):
         """x as the library can read it (`output`: write it) in place, or the error that says
@@ -64,6 +65,19 @@ class _Torch:
 
     def empty(self, shape, dtype):
         return self.torch.empty(tuple(shape), dtype=dtype, device="cpu")
+
+    def export(self, x):
+        """x (prepared) as the binding takes it outside autograd: a plain tensor as a DLPack
+        capsule from torch's C exporter — Tensor.__dlpack__, which the binding would call,
+        spends ~4 µs a tensor in Python on checks `prepare` has made (layout, device, the
+        lazy bits) or that do not apply (requires_grad: no gradient is wanted here), as much
+        as a small problem's whole computation (docs/performance.md, "Small problems").
+        A subclass keeps its own __dlpack__, detached."""
+        if x is None:
+            return None
+        if type(x) is self.torch.Tensor:
+            return self._to_dlpack(x)
+        return x.detach()
 
     def lse_dtype(self, query):
         return self.torch.float64 if query.dtype == self.torch.float64 else self.torch.float32
@@ -111,6 +125,9 @@ class _NumPy:
 
     def empty(self, shape, dtype):
         return np.empty(tuple(shape), dtype=dtype)
+
+    def export(self, x):
+        return x  # NumPy's __dlpack__ is C
 
     def lse_dtype(self, query):
         return np.float64 if query.dtype == np.float64 else np.float32

@@ -73,6 +73,8 @@ _INT64_END = 1 << 63
 def _real(name, value, expected="a float") -> float:
     """A Python number as a float. An int beyond the float range becomes ±inf, which the
     library refuses in its own words wherever a value must be finite."""
+    if type(value) is float:  # the common case, before the ABC's (slower) isinstance
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
     try:
@@ -87,6 +89,8 @@ def _power_of_two(n: int) -> str:
 
 def _integer(name, value, *, low=-_INT64_END, end=_INT64_END, expected="an int") -> int:
     """An int in [low, end): int64 unless told (low and end are 0 or powers of two)."""
+    if type(value) is int and low <= value < end:  # the common case, before the ABC's isinstance
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
     value = int(value)
@@ -147,8 +151,8 @@ def _window(window_size) -> tuple[int, int]:
     except (TypeError, ValueError):
         raise TypeError(f"window_size: expected a pair (left, right) of ints, got {window_size!r}") from None
     # The range (>= -1) is checked by the library.
-    return tuple(_integer(f"window_size[{n}]", side, expected="an int (-1 = unbounded)")
-                 for n, side in enumerate((left, right)))
+    expected = "an int (-1 = unbounded)"
+    return (_integer("window_size[0]", left, expected=expected), _integer("window_size[1]", right, expected=expected))
 
 
 def _softcap(softcap) -> float:
