@@ -46,6 +46,13 @@ struct Options {
   std::optional<TensorView> alibi_slopes;
   // Logit softcapping; 0 = off, else a finite cap > 0 (Gemma 2, Grok: 30 or 50).
   double softcap = 0.0;
+  // Attention sinks (gpt-oss, StreamingLLM's learned sink), float32 or float64: (Hq,) or
+  // (batch..., Hq), one logit per query head that joins every row's softmax denominator
+  // and takes no value:
+  //   out_i = Σ_j exp(s_ij − m) v_j / (exp(sink − m) + Σ_j exp(s_ij − m)),
+  //   lse_i = log(exp(sink) + Σ_j exp(s_ij)).
+  // A row whose keys are all masked gives output 0 and lse = sink; −inf is no sink.
+  std::optional<TensorView> sinks;
 
   // Dropout on the attention weights, 0 <= dropout_p < 1. The keep/drop decision for
   // (batch, head, i, j) is a pure function of (seed, offset, batch, head, i, j)

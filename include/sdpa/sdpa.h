@@ -63,6 +63,7 @@ ForwardResult forward(const TensorView& query, const TensorView& key,
 //   dV = Wᵀ dO,   dP = (dO Vᵀ) ∘ Z,   D = rowsum(dO ∘ O)
 //   dS = P ∘ (dP − D + dlse)              dlse: the gradient of the returned lse, if any
 //   dQ = scale · dS K,   dK = scale · dSᵀ Q,   dmask = dS (summed over broadcast dims)
+//   dsink = Σ_i P_sink,i · (dlse_i − dO_i · O_i),   P_sink,i = exp(sink − lse_i)
 // GQA: dK and dV of a KV head sum over the query heads of its group.
 
 // What backward() reads. query, key, value and the options (mask, causal, scale,
@@ -81,11 +82,14 @@ struct BackwardInputs {
 
 // Caller-provided buffers for backward(), each the shape and dtype of what it is the
 // gradient of. grad_mask only for a floating-point mask: the mask's own shape and dtype,
-// the full gradient summed over the dims the mask broadcasts along. Any strides, as long
-// as no two elements overlap and no buffer overlaps another or an input.
+// the full gradient summed over the dims the mask broadcasts along. grad_sinks only with
+// sinks: their shape and dtype, summed over the rows (and the batch, for (Hq,) sinks).
+// Any strides, as long as no two elements overlap and no buffer overlaps another or an
+// input.
 struct BackwardOutputs {
   TensorView grad_query, grad_key, grad_value;
-  std::optional<TensorView> grad_mask;
+  std::optional<TensorView> grad_mask = std::nullopt;
+  std::optional<TensorView> grad_sinks = std::nullopt;
 };
 
 // Computes the gradients into caller buffers. Validates everything first and throws
@@ -93,9 +97,10 @@ struct BackwardOutputs {
 // the same results for any thread count.
 void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, const Options& options = {});
 
-// What the allocating backward() returns; grad_mask is empty unless asked for.
+// What the allocating backward() returns; grad_mask is empty unless asked for, grad_sinks
+// unless options.sinks is given.
 struct BackwardResult {
-  Tensor grad_query, grad_key, grad_value, grad_mask;
+  Tensor grad_query, grad_key, grad_value, grad_mask, grad_sinks;
 };
 
 // Allocating form: returns packed tensors. `mask_gradient` asks for grad_mask (a float

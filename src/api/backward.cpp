@@ -1,9 +1,12 @@
 // The backward entry points: validate once, then dispatch to a backend. The pieces of
 // the contract that are not kernel work live here: zero gradients where there is
-// nothing to compute, and the mask gradient's sum over the dims the mask broadcasts.
+// nothing to compute, the mask gradient's sum over the dims the mask broadcasts, and
+// the sinks' gradient (one dot product per row, from the forward's outputs).
 #include "sdpa/sdpa.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "api/operands.h"
@@ -59,6 +62,42 @@ void sum_mask_gradient(const Tensor& full, const TensorView& grad_mask, const st
   });
 }
 
+// Adds dL/dsink of each query matrix of `p` to `per_matrix` (batch · Hq entries). The
+// sink takes probability P_i = exp(sink − lse_i) in row i, and ∂lse_i/∂sink = P_i,
+// ∂O_i/∂sink = −P_i·O_i, so dsink = Σ_i P_i (dlse_i − dO_i·O_i): from the forward's O and
+// lse, in float64, whichever backend computed them.
+void add_sink_gradients(const detail::BackwardProblem& p, double* per_matrix) {
+  for (std::int64_t qm = 0; qm < p.batch * p.heads_q; ++qm) {
+    const double sink = p.sinks[static_cast<std::size_t>(qm)];
+    if (sink == -std::numeric_limits<double>::infinity()) continue;  // no sink: P = 0 (not exp(−inf + inf))
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < p.L; ++i) {
+      double d = p.grad_lse.present() ? p.grad_lse.load<double>(qm, i, 0) : 0.0;
+      for (std::int64_t c = 0; c < p.Ev; ++c)
+        d -= p.grad_output.load<double>(qm, i, c) * p.output.load<double>(qm, i, c);
+      sum += std::exp(sink - p.lse.load<double>(qm, i, 0)) * d;
+    }
+    per_matrix[qm] += sum;
+  }
+}
+
+// grad_sinks from the per-query-matrix sums: (Hq,) sums over the batch, in batch order;
+// (batch..., Hq) is one entry per query matrix, in the same row-major order.
+void store_sink_gradients(const std::vector<double>& per_matrix, const TensorView& grad_sinks) {
+  const std::int64_t heads_q = grad_sinks.shape.back();
+  const std::int64_t batch = static_cast<std::int64_t>(per_matrix.size()) / heads_q;
+  auto* out = static_cast<std::byte*>(grad_sinks.data);
+  const std::int64_t element = static_cast<std::int64_t>(dtype_size(grad_sinks.dtype));
+  for_each_offset(grad_sinks.shape, grad_sinks.effective_strides(), [&](std::int64_t flat, std::int64_t offset) {
+    double value = 0.0;
+    if (grad_sinks.rank() == 1)
+      for (std::int64_t b = 0; b < batch; ++b) value += per_matrix[static_cast<std::size_t>(b * heads_q + flat)];
+    else
+      value = per_matrix[static_cast<std::size_t>(flat)];
+    detail::store_element<double>(out + offset * element, grad_sinks.dtype, value);
+  });
+}
+
 // Gradients of one problem into `outputs`: all zero when there are no rows or no keys.
 void run(const detail::BackwardProblem& problem, const BackwardOutputs& outputs, Backend backend) {
   if (problem.batch * problem.heads_q * problem.L == 0 || problem.S == 0) {
@@ -96,6 +135,11 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
   }
   run(problem, outputs, options.backend);
   if (call.mask_gradient_sums) sum_mask_gradient(full_mask_gradient, *outputs.grad_mask, checked.weights_shape);
+  if (outputs.grad_sinks) {
+    std::vector<double> per_matrix(static_cast<std::size_t>(problem.batch * problem.heads_q), 0.0);
+    add_sink_gradients(problem, per_matrix.data());
+    store_sink_gradients(per_matrix, *outputs.grad_sinks);
+  }
 }
 
 BackwardResult backward(const BackwardInputs& inputs, const Options& options, bool mask_gradient) {
@@ -105,7 +149,11 @@ BackwardResult backward(const BackwardInputs& inputs, const Options& options, bo
   result.grad_query = Tensor(dtype, inputs.query.shape);
   result.grad_key = Tensor(dtype, inputs.key.shape);
   result.grad_value = Tensor(dtype, inputs.value.shape);
-  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view(), std::nullopt};
+  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view()};
+  if (options.sinks) {
+    result.grad_sinks = Tensor(options.sinks->dtype, options.sinks->shape);
+    outputs.grad_sinks = result.grad_sinks.view();
+  }
   if (mask_gradient) {
     // A missing or bool mask is reported by the checks below, naming grad_mask.
     const bool float_mask = options.mask && options.mask->dtype != DType::boolean;
@@ -119,9 +167,16 @@ BackwardResult backward(const BackwardInputs& inputs, const Options& options, bo
 
 void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const BackwardOutputs& outputs,
                      const Options& options) {
-  for (const detail::SequenceBackward& sequence :
-       detail::make_varlen_backward_problems(inputs, sequences, outputs, options))
-    run(sequence.problem, sequence.gradients, options.backend);
+  const std::vector<detail::SequenceBackward> calls =
+      detail::make_varlen_backward_problems(inputs, sequences, outputs, options);
+  // Sequence b is query matrices b · Hq + h of the sinks' gradient.
+  std::vector<double> sink_gradients(outputs.grad_sinks ? calls.size() * static_cast<std::size_t>(inputs.query.shape[0]) : 0);
+  for (std::size_t b = 0; b < calls.size(); ++b) {
+    run(calls[b].problem, calls[b].gradients, options.backend);
+    if (outputs.grad_sinks)
+      add_sink_gradients(calls[b].problem, sink_gradients.data() + b * static_cast<std::size_t>(inputs.query.shape[0]));
+  }
+  if (outputs.grad_sinks) store_sink_gradients(sink_gradients, *outputs.grad_sinks);
 }
 
 BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const Options& options) {
@@ -131,8 +186,12 @@ BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequenc
   result.grad_query = Tensor(dtype, inputs.query.shape);
   result.grad_key = Tensor(dtype, inputs.key.shape);
   result.grad_value = Tensor(dtype, inputs.value.shape);
-  backward_varlen(inputs, sequences,
-                  {result.grad_query.view(), result.grad_key.view(), result.grad_value.view(), std::nullopt}, options);
+  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view()};
+  if (options.sinks) {
+    result.grad_sinks = Tensor(options.sinks->dtype, options.sinks->shape);
+    outputs.grad_sinks = result.grad_sinks.view();
+  }
+  backward_varlen(inputs, sequences, outputs, options);
   return result;
 }
 

@@ -53,7 +53,7 @@ PagedSizes check_paged_operands(const TensorView& query, const PagedKV& cache, c
                                 std::to_string(page) + " at (" + std::to_string(b) + ", " + std::to_string(k) + ")");
     }
   }
-  if (options.alibi_slopes) check_alibi_slopes(*options.alibi_slopes, {n.batch}, n.heads_q);
+  check_per_head_options(options, {n.batch}, n.heads_q, query.dtype);
   return n;
 }
 
@@ -100,9 +100,10 @@ std::vector<Problem> make_paged_problems(const TensorView& query, const PagedKV&
   check_no_weights(outputs.weights.has_value());
   std::vector<ExpectedView> outs{{&outputs.output, "output", &shapes.output_shape, shapes.output_dtype}};
   if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &shapes.lse_shape, shapes.lse_dtype});
-  std::vector<Span> input_spans{check_view(query, "query"), check_view(cache.key_pages, "key_pages"),
-                                check_view(cache.value_pages, "value_pages")};
-  if (options.alibi_slopes) input_spans.push_back(check_view(*options.alibi_slopes, "alibi_slopes"));
+  std::vector<Span> input_spans = per_head_spans(options);
+  for (const auto& [view, name] :
+       {std::pair{&query, "query"}, {&cache.key_pages, "key_pages"}, {&cache.value_pages, "value_pages"}})
+    input_spans.push_back(check_view(*view, name));
   check_outputs(outs, input_spans);
 
   std::vector<Problem> problems;

@@ -66,14 +66,23 @@ TensorView batch_element(const TensorView& view, std::int64_t b) {
   return element;
 }
 
+namespace {
+
+// Row b of a per-head tensor (batch, Hq) as (Hq,); a (Hq,) tensor as it is.
+TensorView sequence_row(const TensorView& per_head, std::int64_t b) {
+  if (per_head.rank() != 2) return per_head;
+  TensorView row = batch_element(per_head, b);
+  row.shape.erase(row.shape.begin());
+  row.strides.erase(row.strides.begin());
+  return row;
+}
+
+}  // namespace
+
 Options sequence_options(const Options& options, std::int64_t b) {
   Options sequence = options;
-  if (options.alibi_slopes && options.alibi_slopes->rank() == 2) {
-    TensorView row = batch_element(*options.alibi_slopes, b);
-    row.shape.erase(row.shape.begin());
-    row.strides.erase(row.strides.begin());
-    sequence.alibi_slopes = row;
-  }
+  if (options.alibi_slopes) sequence.alibi_slopes = sequence_row(*options.alibi_slopes, b);
+  if (options.sinks) sequence.sinks = sequence_row(*options.sinks, b);
   return sequence;
 }
 

@@ -42,7 +42,7 @@ TensorView sequence_view(const TensorView& packed, std::int64_t row0, std::int64
 // Element b of a (batch, ...) view with the batch dim kept at size 1.
 TensorView batch_element(const TensorView& view, std::int64_t b);
 
-// The options of sequence b: per-batch ALiBi slopes (batch, Hq) become its row (Hq,).
+// The options of sequence b: per-batch ALiBi slopes and sinks (batch, Hq) become its row (Hq,).
 Options sequence_options(const Options& options, std::int64_t b);
 
 }  // namespace sdpa::detail

@@ -98,15 +98,17 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
     check_view(mask, "mask");
     mask_broadcast_strides(mask, in.weights_shape);
   }
-  if (options.alibi_slopes) check_alibi_slopes(*options.alibi_slopes, in.batch_shape, in.heads_q);
+  check_per_head_options(options, in.batch_shape, in.heads_q, query.dtype);
   return in;
 }
 
 namespace {
 
-// The spans of query, key, value and the mask.
+// The spans of query, key, value, the mask and the per-head tensors.
 std::vector<Span> input_spans_of(const CheckedInputs& in) {
-  std::vector<Span> spans{check_view(*in.query, "query"), check_view(*in.key, "key"), check_view(*in.value, "value")};
+  std::vector<Span> spans = per_head_spans(*in.options);
+  for (const auto& [view, name] : {std::pair{in.query, "query"}, {in.key, "key"}, {in.value, "value"}})
+    spans.push_back(check_view(*view, name));
   if (in.options->mask) spans.push_back(check_view(*in.options->mask, "mask"));
   return spans;
 }
@@ -146,6 +148,12 @@ void check_backward_reads(const BackwardInputs& tensors, const Shape& output_sha
   check_reads(reads, input_spans);
 }
 
+void expect_grad_sinks(const BackwardOutputs& outputs, const Options& options, std::vector<ExpectedView>& outs) {
+  if (!outputs.grad_sinks) return;
+  if (!options.sinks) fail("grad_sinks", "expected no buffer when there are no sinks, got one");
+  outs.push_back({&*outputs.grad_sinks, "grad_sinks", &options.sinks->shape, options.sinks->dtype});
+}
+
 Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
   const TensorView& query = *in.query;
   std::vector<ExpectedView> outs{{&outputs.output, "output", &in.output_shape, query.dtype}};
@@ -177,6 +185,7 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
       fail("grad_mask", "expected no buffer for a bool mask (it has no gradient), got one");
     outs.push_back({&*outputs.grad_mask, "grad_mask", &options.mask->shape, options.mask->dtype});
   }
+  expect_grad_sinks(outputs, options, outs);
   check_outputs(outs, input_spans);
 
   CheckedBackward checked;

@@ -48,7 +48,7 @@ struct CheckedBackward {
 
 // Checks the backward's read-only tensors (output, lse, grad_output: shapes and dtypes
 // as the forward gives them, any strides) and the gradient buffers (shapes and dtypes of
-// query, key, value and the mask, no overlap), and resolves everything.
+// query, key, value, the mask and the sinks, no overlap), and resolves everything.
 CheckedBackward make_backward_problem(const CheckedInputs& inputs, const BackwardInputs& tensors,
                                       const BackwardOutputs& outputs);
 
@@ -57,5 +57,9 @@ CheckedBackward make_backward_problem(const CheckedInputs& inputs, const Backwar
 // a sum), but the shapes and dtypes the forward gives. Adds their spans to `input_spans`.
 void check_backward_reads(const BackwardInputs& tensors, const Shape& output_shape, const Shape& lse_shape, DType dtype,
                           DType lse_dtype, std::vector<Span>& input_spans);
+
+// grad_sinks, when given, among the buffers `outs` to check: only with sinks, their
+// shape and dtype.
+void expect_grad_sinks(const BackwardOutputs& outputs, const Options& options, std::vector<ExpectedView>& outs);
 
 }  // namespace sdpa::detail

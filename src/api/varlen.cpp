@@ -51,7 +51,7 @@ PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key
     fail("cu_seqlens_k", "expected " + std::to_string(sequences.cu_seqlens_q.size()) +
                              " entries (the batch of cu_seqlens_q), got " +
                              std::to_string(sequences.cu_seqlens_k.size()));
-  if (options.alibi_slopes) check_alibi_slopes(*options.alibi_slopes, {n.batch}, n.heads_q);
+  check_per_head_options(options, {n.batch}, n.heads_q, query.dtype);
   return n;
 }
 
@@ -73,8 +73,9 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
   check_no_weights(outputs.weights.has_value());
   std::vector<ExpectedView> outs{{&outputs.output, "output", &shapes.output_shape, shapes.output_dtype}};
   if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &shapes.lse_shape, shapes.lse_dtype});
-  std::vector<Span> input_spans{check_view(query, "query"), check_view(key, "key"), check_view(value, "value")};
-  if (options.alibi_slopes) input_spans.push_back(check_view(*options.alibi_slopes, "alibi_slopes"));
+  std::vector<Span> input_spans = per_head_spans(options);
+  for (const auto& [view, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}})
+    input_spans.push_back(check_view(*view, name));
   check_outputs(outs, input_spans);
 
   const std::vector<std::int64_t>& cu_q = sequences.cu_seqlens_q;
@@ -100,16 +101,17 @@ std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs
   const OutputShapes shapes = check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);
   if (outputs.grad_mask) fail("grad_mask", "expected no buffer for a packed call (it takes no mask), got one");
   // The whole call first: shapes, dtypes, no output overlapping an input or another output.
-  std::vector<Span> input_spans{check_view(inputs.query, "query"), check_view(inputs.key, "key"),
-                                check_view(inputs.value, "value")};
-  if (options.alibi_slopes) input_spans.push_back(check_view(*options.alibi_slopes, "alibi_slopes"));
+  std::vector<Span> input_spans = per_head_spans(options);
+  for (const auto& [view, name] : {std::pair{&inputs.query, "query"}, {&inputs.key, "key"}, {&inputs.value, "value"}})
+    input_spans.push_back(check_view(*view, name));
   check_backward_reads(inputs, shapes.output_shape, shapes.lse_shape, shapes.output_dtype, shapes.lse_dtype,
                        input_spans);
   const DType dtype = inputs.query.dtype;
-  check_outputs({{&outputs.grad_query, "grad_query", &inputs.query.shape, dtype},
-                 {&outputs.grad_key, "grad_key", &inputs.key.shape, dtype},
-                 {&outputs.grad_value, "grad_value", &inputs.value.shape, dtype}},
-                input_spans);
+  std::vector<ExpectedView> outs{{&outputs.grad_query, "grad_query", &inputs.query.shape, dtype},
+                                 {&outputs.grad_key, "grad_key", &inputs.key.shape, dtype},
+                                 {&outputs.grad_value, "grad_value", &inputs.value.shape, dtype}};
+  expect_grad_sinks(outputs, options, outs);
+  check_outputs(outs, input_spans);
 
   const std::vector<std::int64_t>& cu_q = sequences.cu_seqlens_q;
   const std::vector<std::int64_t>& cu_k = sequences.cu_seqlens_k;
@@ -121,7 +123,7 @@ std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs
                             sequence_view(inputs.lse, q0, L),   sequence_view(inputs.grad_output, q0, L)};
     if (inputs.grad_lse) sequence.grad_lse = sequence_view(*inputs.grad_lse, q0, L);
     BackwardOutputs gradients{sequence_view(outputs.grad_query, q0, L), sequence_view(outputs.grad_key, k0, S),
-                              sequence_view(outputs.grad_value, k0, S), std::nullopt};
+                              sequence_view(outputs.grad_value, k0, S)};
     const Options sequence_opts = sequence_options(options, static_cast<std::int64_t>(b));
     const CheckedInputs checked = check_inputs(sequence.query, sequence.key, sequence.value, sequence_opts);
     SequenceBackward call{make_backward_problem(checked, sequence, gradients).problem, gradients};

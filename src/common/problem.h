@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "common/element.h"
@@ -71,6 +72,9 @@ struct Problem {
   double scale = 1.0;
   double softcap = 0.0;              // > 0: s = softcap · tanh(scale · q·k / softcap)
   std::vector<double> alibi_slopes;  // empty, or one per query matrix (batch · Hq)
+  // Attention sinks: empty, or one logit per query matrix that joins the row's softmax
+  // denominator (−inf: none). Kernels fold it into the final (max, sum) of each row.
+  std::vector<double> sinks;
   // Dropout's batch counter for batch element b is first_batch + b: a varlen sequence
   // or a paged sequence, run as a problem of its own, draws as its batch element.
   std::int64_t first_batch = 0;
@@ -99,6 +103,11 @@ struct Problem {
     return std::clamp<std::int64_t>(i + diagonal_shift + window_right + 1, 0, S);
   }
   bool has_alibi() const { return !alibi_slopes.empty(); }
+  bool has_sinks() const { return !sinks.empty(); }
+  // The sink logit of query matrix qm; −inf (no sink) without sinks.
+  double sink(std::int64_t qm) const {
+    return has_sinks() ? sinks[static_cast<std::size_t>(qm)] : -std::numeric_limits<double>::infinity();
+  }
 
   // Threads for a kernel: num_threads (0 = `default_threads`), or 1 for a problem so small
   // that waking a thread team costs more than it saves (tens of µs on a loaded machine

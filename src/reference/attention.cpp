@@ -3,6 +3,7 @@
 //   scores  = Q Kᵀ · scale            (1) raw scores, (2) scaled
 //   scores += mask, −inf where masked (3) mask (bool false, causal → −inf; float added)
 //   weights = softmax(scores)         (4) stable softmax: subtract the row maximum
+//                                     (4a) an attention sink joins the denominator
 //   weights = dropout(weights)        kept weights scaled by 1/(1−p)
 //   output  = weights V               (5)
 #include "reference/attention.h"
@@ -34,8 +35,9 @@ void reference_forward(const Problem& p) {
         const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i);
 
         // (4) softmax. A row whose scores are all −inf is fully masked: weights 0,
-        // output 0, log-sum-exp −inf (PyTorch >= 2.5, FlashAttention), never NaN.
-        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores);
+        // output 0, log-sum-exp −inf (PyTorch >= 2.5, FlashAttention), never NaN; with a
+        // sink, weights 0, output 0 and log-sum-exp = sink.
+        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores, p.sink(qm));
         if (p.lse.present()) p.lse.store<double>(qm, i, 0, fully_masked ? kMinusInf : row_max + std::log(sum));
 
         std::vector<double> weights(static_cast<std::size_t>(p.S), 0.0);

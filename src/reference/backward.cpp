@@ -2,7 +2,8 @@
 // through each step of reference_forward (src/reference/attention.cpp):
 //   c_j  = scale · q·k_j, or softcap · tanh(scale · q·k_j / softcap)
 //   s_j  = c_j − ALiBi_j + mask_j, −inf where masked       (scores)
-//   P_j  = exp(s_j − max) / Σ exp(s − max)                  (softmax; 0 if fully masked)
+//   P_j  = exp(s_j − max) / Σ exp(s − max)                  (softmax; 0 if fully masked;
+//                                                             a sink joins the Σ)
 //   W_j  = P_j · Z_j,  Z_j = keep_j / (1 − p)               (dropout)
 //   o    = Σ_j W_j v_j                                      (output)
 // backwards, for dL/do given:
@@ -13,7 +14,8 @@
 //   dq   = scale · Σ_j dC_j k_j      dK_j += scale · dC_j q
 // Σ_k P_k dP_k is the D = rowsum(dO ∘ O) of FlashAttention, computed here from its
 // definition rather than from O. A gradient of the returned lse adds P_j · dlse to dS_j
-// (∂lse/∂s_j = P_j): D becomes D − dlse.
+// (∂lse/∂s_j = P_j): D becomes D − dlse. With a sink nothing here changes (it has no
+// value, so D = Σ_k P_k dP_k still); its own gradient is src/api/backward.cpp's.
 #include "reference/backward.h"
 
 #include <cmath>
@@ -48,7 +50,7 @@ void reference_backward(const BackwardProblem& p) {
       for (std::int64_t i = 0; i < p.L; ++i) {
         // Scores and softmax, as the forward; a fully masked row has P = 0 and so every gradient 0.
         const std::vector<double> scores = scaled_masked_scores(p, qm, kvm, i, &capped);
-        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores);
+        const auto [row_max, sum, fully_masked] = softmax_normaliser(scores, p.sink(qm));
         for (std::size_t j = 0; j < S; ++j) {
           probs[j] = fully_masked ? 0.0 : std::exp(scores[j] - row_max) / sum;
           keep[j] = p.dropout_p > 0.0 ? (dropout.keep(p.first_batch + b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0) : 1.0;

@@ -51,21 +51,26 @@ inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t q
   return scores;
 }
 
-// softmax(s)_j = exp(s_j − row_max) / sum, with row_max subtracted for stability. A row
-// whose scores are all −inf is fully masked: sum stays 0 and the caller gives weights 0
-// rather than the NaN of 0/0.
+// softmax(s)_j = exp(s_j − row_max) / sum, with row_max subtracted for stability. An
+// attention sink joins the denominator and takes no weight of its own (4a):
+//   row_max = max(sink, max_j s_j),  sum = exp(sink − row_max) + Σ_j exp(s_j − row_max).
+// A row whose scores and sink are all −inf is fully masked: sum stays 0 and the caller
+// gives weights 0 rather than the NaN of 0/0. (With a finite sink no row is: its keys
+// masked, it gets weights 0, output 0 and lse = sink.)
 struct SoftmaxNormaliser {
   double row_max;
   double sum;
   bool fully_masked;
 };
 
-inline SoftmaxNormaliser softmax_normaliser(const std::vector<double>& scores) {
-  SoftmaxNormaliser n{-std::numeric_limits<double>::infinity(), 0.0, false};
+inline SoftmaxNormaliser softmax_normaliser(const std::vector<double>& scores, double sink) {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  SoftmaxNormaliser n{sink, 0.0, false};
   for (double s : scores) n.row_max = nan_max(n.row_max, s);
-  n.fully_masked = n.row_max == -std::numeric_limits<double>::infinity();
-  if (!n.fully_masked)
-    for (double s : scores) n.sum += std::exp(s - n.row_max);
+  n.fully_masked = n.row_max == kMinusInf;
+  if (n.fully_masked) return n;
+  for (double s : scores) n.sum += std::exp(s - n.row_max);
+  if (sink != kMinusInf) n.sum += std::exp(sink - n.row_max);
   return n;
 }
 

@@ -127,6 +127,29 @@ TEST(BackwardValidation, MaskGradientNeedsAFloatMask) {
   }
 }
 
+// grad_sinks only with sinks, their shape and dtype, and never over an input (the sinks
+// themselves included): refused before any gradient is written.
+TEST(BackwardValidation, SinkGradientNeedsSinksOfItsShapeAndDtype) {
+  Call c = valid_call();
+  Tensor dsinks(DType::float32, {4});
+  BackwardOutputs out = c.outputs();
+  out.grad_sinks = dsinks.view();
+  expect_rejected(c, c.inputs(), out, "grad_sinks", {"no sinks"});
+  Tensor sinks(DType::float32, {2, 4});
+  for (std::int64_t n = 0; n < 8; ++n) sinks.set(n, 0.5);
+  c.options.sinks = sinks.view();
+  expect_rejected(c, c.inputs(), out, "grad_sinks", {"expected shape (2, 4)", "got (4,)"});
+  const Tensor dsinks64(DType::float64, {2, 4});
+  out.grad_sinks = dsinks64.view();
+  expect_rejected(c, c.inputs(), out, "grad_sinks", {"float32", "got float64"}, ErrorKind::type);
+  out.grad_sinks = sinks.view();  // the sinks are an input
+  expect_rejected(c, c.inputs(), out, "grad_sinks", {"overlap"});
+  const Tensor dsinks_ok(DType::float32, {2, 4});
+  out.grad_sinks = dsinks_ok.view();
+  backward(c.inputs(), out, c.options);  // accepted
+  EXPECT_FALSE(untouched(c.dq));
+}
+
 TEST(BackwardValidation, OverlappingGradientBuffers) {
   Call c = valid_call();
   BackwardOutputs out = c.outputs();

@@ -29,7 +29,7 @@ struct Paged {
   TensorView query() const { return qs.storage.nbytes() ? qs.view : q.view(); }
   std::vector<Tensor> keys, values;  // per sequence (1, Hkv, S_b, E / Ev), contiguous
   Tensor key_storage, value_storage;
-  Tensor slopes;
+  Tensor slopes, sinks;
   PagedKV cache;
 };
 
@@ -113,7 +113,8 @@ void expect_paged_matches(Paged& p, const Options& o, DType dtype, std::int64_t 
   ASSERT_EQ(paged.lse.shape(), (Shape{B, p.q.shape()[1], p.q.shape()[2]}));
   for (std::int64_t b = 0; b < B; ++b) {
     Options ob = o;
-    if (o.alibi_slopes) ob.alibi_slopes = slopes_of_sequence(p.slopes, b);
+    if (o.alibi_slopes) ob.alibi_slopes = per_head_of_sequence(p.slopes, b);
+    if (o.sinks) ob.sinks = per_head_of_sequence(p.sinks, b);
     const ForwardResult alone = forward(batch_element(p.q, b), p.keys[static_cast<std::size_t>(b)].view(),
                                         p.values[static_cast<std::size_t>(b)].view(), ob, Returns{false, true});
     const Tensor want = to_float64(alone.output.view()), want_lse = to_float64(alone.lse.view());
@@ -123,7 +124,8 @@ void expect_paged_matches(Paged& p, const Options& o, DType dtype, std::int64_t 
         << "sequence " << b;
     if (p.cache.seq_lens[static_cast<std::size_t>(b)] == 0) {
       for (std::int64_t n = 0; n < got.numel(); ++n) EXPECT_EQ(got.get(n), 0.0) << "sequence " << b;
-      for (std::int64_t n = 0; n < got_lse.numel(); ++n) EXPECT_EQ(got_lse.get(n), -kInf) << "sequence " << b;
+      for (std::int64_t n = 0; n < got_lse.numel() && !o.sinks; ++n)
+        EXPECT_EQ(got_lse.get(n), -kInf) << "sequence " << b;
     }
   }
 }
@@ -151,6 +153,8 @@ TEST(Paged, EqualsForwardOnTheContiguousCache) {
             p.slopes = alibi_slopes(DType::float32, {6}, Hq, true);
             o.alibi_slopes = p.slopes.view();
             o.softcap = 30;
+            p.sinks = sink_logits(DType::float32, {6}, Hq, true);
+            o.sinks = p.sinks.view();
           }
           expect_paged_matches(p, o, DType::float32, Ev);
         }
@@ -172,6 +176,8 @@ TEST(Paged, LowPrecisionAndPerHeadSlopes) {
         o.causal = Causal::bottom_right;
         o.alibi_slopes = p.slopes.view();
         o.window_left = 50;
+        p.sinks = sink_logits(DType::float64, {4}, 6, false);
+        o.sinks = p.sinks.view();
         expect_paged_matches(p, o, dtype, 24);
       }
 }

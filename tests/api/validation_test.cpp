@@ -294,6 +294,35 @@ TEST(Validation, AlibiSlopesOfTheWrongShapeOrDtype) {
   expect_rejected(c, "alibi_slopes", {});
 }
 
+// The sinks are checked like the slopes (a per-head tensor, named without "options."),
+// and each must be a logit the compute dtype holds: 1e39 is refused for float32 inputs
+// (it would turn every row into NaN), accepted for float64; −inf (no sink) is accepted.
+TEST(Validation, SinksOfTheWrongShapeDtypeOrRange) {
+  for (const Shape& shape : {Shape{3}, Shape{5}, Shape{3, 4}, Shape{2, 4, 1}, Shape{}}) {
+    Call c = valid_call();
+    const Tensor sinks(DType::float32, shape);
+    c.options.sinks = sinks.view();
+    SCOPED_TRACE(shape.size());
+    expect_rejected(c, "sinks", {});
+  }
+  for (DType dtype : {DType::boolean, DType::float16, DType::bfloat16}) {
+    Call c = valid_call();
+    const Tensor sinks(dtype, {4});
+    c.options.sinks = sinks.view();
+    expect_rejected(c, "sinks", {}, nullptr, ErrorKind::type);
+  }
+  Call c = valid_call();
+  Tensor sinks(DType::float64, {2, 4});
+  sinks.set(5, 1e39);
+  c.options.sinks = sinks.view();
+  expect_rejected(c, "sinks", {"finite in float32", "1e+39"});
+  sinks.set(5, -kInf);
+  forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options);  // accepted
+  sinks.set(5, 1e39);
+  const Tensor q = convert(c.q, DType::float64), k = convert(c.k, DType::float64), v = convert(c.v, DType::float64);
+  forward(q.view(), k.view(), v.view(), c.options);  // float64 holds it
+}
+
 TEST(Validation, AlignmentConflictingWithCausal) {
   Call c = valid_call();
   c.options.causal = Causal::top_left;

@@ -78,7 +78,7 @@ VarlenSequences sequences_of(const Lengths& lengths) {
 struct VarlenInputs {
   Packed q, k, v;
   VarlenSequences seqs;
-  Tensor slopes;
+  Tensor slopes, sinks;
   std::int64_t batch = 0;
 };
 
@@ -101,6 +101,7 @@ struct VarlenOptions {
   std::int64_t left, right;
   int slopes;  // 0 none, 1 (Hq,), 2 (batch, Hq)
   double softcap;
+  int sinks = 0;  // as slopes
 };
 
 const VarlenOptions kVarlenOptions[] = {
@@ -108,19 +109,34 @@ const VarlenOptions kVarlenOptions[] = {
     {"causal top-left", Causal::top_left, std::nullopt, -1, -1, 0, 0},
     {"causal bottom-right", Causal::bottom_right, std::nullopt, -1, -1, 0, 0},
     {"window bottom-right", Causal::none, std::nullopt, 4, 2, 0, 0},
-    {"window top-left, alibi (Hq,), softcap", Causal::none, Alignment::top_left, 6, 20, 1, 5},
-    {"causal bottom-right, window, alibi (batch, Hq), softcap", Causal::bottom_right, std::nullopt, 8, -1, 2, 30},
+    {"window top-left, alibi (Hq,), softcap, sinks (batch, Hq)", Causal::none, Alignment::top_left, 6, 20, 1, 5, 2},
+    {"causal bottom-right, window, alibi (batch, Hq), softcap, sinks (Hq,)", Causal::bottom_right, std::nullopt, 8,
+     -1, 2, 30, 1},
 };
 
-Options options_of(const VarlenOptions& vo, const Tensor& slopes) {
+// The options of `vo`, with in.slopes and in.sinks (sized for the batch) when it uses them.
+Options options_of(const VarlenOptions& vo, VarlenInputs& in) {
+  in.slopes = alibi_slopes(DType::float64, {in.batch}, in.q.view.shape[0], vo.slopes == 2);
+  // float64 sinks for float64 inputs: the sinks' gradient has their dtype.
+  in.sinks = sink_logits(in.q.view.dtype == DType::float64 ? DType::float64 : DType::float32, {in.batch},
+                         in.q.view.shape[0], vo.sinks == 2);
   Options o;
   o.causal = vo.causal;
   o.alignment = vo.alignment;
   o.window_left = vo.left;
   o.window_right = vo.right;
   o.softcap = vo.softcap;
-  if (vo.slopes) o.alibi_slopes = slopes.view();
+  if (vo.slopes) o.alibi_slopes = in.slopes.view();
+  if (vo.sinks) o.sinks = in.sinks.view();
   return o;
+}
+
+// Options o for sequence b alone: its row of per-batch slopes and sinks.
+Options sequence_options(const Options& o, const VarlenInputs& in, std::int64_t b) {
+  Options ob = o;
+  if (o.alibi_slopes) ob.alibi_slopes = per_head_of_sequence(in.slopes, b);
+  if (o.sinks) ob.sinks = per_head_of_sequence(in.sinks, b);
+  return ob;
 }
 
 TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
@@ -134,16 +150,14 @@ TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dtype) << " backend " << static_cast<int>(backend) << " " << vo.name);
         VarlenInputs in = make_varlen(dtype, Hq, Hkv, E, Ev, lengths, ++n);
-        in.slopes = alibi_slopes(DType::float32, {in.batch}, Hq, vo.slopes == 2);
-        Options o = options_of(vo, in.slopes);
+        Options o = options_of(vo, in);
         o.backend = backend;
         const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});
         ASSERT_EQ(packed.output.shape(), (Shape{Hq, in.seqs.cu_seqlens_q.back(), Ev}));
         ASSERT_EQ(packed.lse.shape(), (Shape{Hq, in.seqs.cu_seqlens_q.back()}));
         for (std::int64_t b = 0; b < in.batch; ++b) {
           const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
-          Options ob = o;
-          if (vo.slopes) ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
+          const Options ob = sequence_options(o, in, b);
           const ForwardResult alone = forward(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
                                               sequence_rows(in.v.view, k0, k1), ob, Returns{false, true});
           const Tensor want = to_float64(alone.output.view()), want_lse = to_float64(alone.lse.view());
@@ -152,9 +166,10 @@ TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
           EXPECT_LE(max_abs_diff(got, want), same_result_tolerance(dtype, max_abs(want))) << "sequence " << b;
           EXPECT_LE(max_abs_diff(got_lse, want_lse), same_result_tolerance(DType::float32, max_abs(want_lse)))
               << "sequence " << b;
-          if (k1 == k0) {  // no keys: zero output, lse −inf
+          if (k1 == k0) {  // no keys: zero output, lse −inf (or the sink)
             for (std::int64_t r = 0; r < got.numel(); ++r) EXPECT_EQ(got.get(r), 0.0) << "sequence " << b;
-            for (std::int64_t r = 0; r < got_lse.numel(); ++r) EXPECT_EQ(got_lse.get(r), -kInf) << "sequence " << b;
+            for (std::int64_t r = 0; r < got_lse.numel() && !vo.sinks; ++r)
+              EXPECT_EQ(got_lse.get(r), -kInf) << "sequence " << b;
           }
         }
       }
@@ -165,14 +180,12 @@ TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
 TEST(Varlen, CpuMatchesOracleFormulaPerSequence) {
   const Lengths& lengths = kSequenceLengths;
   VarlenInputs in = make_varlen(DType::float32, 4, 2, 16, 8, lengths, 77);
-  in.slopes = alibi_slopes(DType::float32, {in.batch}, 4, true);
-  Options o = options_of(kVarlenOptions[5], in.slopes);
+  Options o = options_of(kVarlenOptions[5], in);
   o.backend = Backend::cpu;
   const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});
   for (std::int64_t b = 0; b < in.batch; ++b) {
     const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
-    Options ob = o;
-    ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
+    const Options ob = sequence_options(o, in, b);
     const Expected want = expected_attention(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
                                              sequence_rows(in.v.view, k0, k1), ob);
     EXPECT_LE(max_abs_diff(to_float64(sequence_rows(packed.output.view(), q0, q1)), want.output),
@@ -349,8 +362,7 @@ TEST(Varlen, BackwardEqualsBackwardOnEachSequenceAlone) {
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dtype) << " backend " << static_cast<int>(backend) << " " << vo.name);
         VarlenInputs in = make_varlen(dtype, Hq, Hkv, E, Ev, lengths, 40 + ++n);
-        in.slopes = alibi_slopes(DType::float64, {in.batch}, Hq, vo.slopes == 2);
-        Options o = options_of(vo, in.slopes);
+        Options o = options_of(vo, in);
         o.backend = backend;
         std::mt19937_64 rng(n);
         const Packed dout = packed_random(dtype, Hq, in.seqs.cu_seqlens_q.back(), Ev, rng);
@@ -360,10 +372,11 @@ TEST(Varlen, BackwardEqualsBackwardOnEachSequenceAlone) {
         ASSERT_EQ(grads.grad_query.shape(), in.q.view.shape);
         ASSERT_EQ(grads.grad_key.shape(), in.k.view.shape);
         ASSERT_EQ(grads.grad_value.shape(), in.v.view.shape);
+        // The sinks' gradient: (batch, Hq) row b is sequence b's alone; (Hq,) their sum.
+        Tensor sink_sums(DType::float64, in.sinks.shape());
         for (std::int64_t b = 0; b < in.batch; ++b) {
           const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
-          Options ob = o;
-          if (vo.slopes) ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
+          const Options ob = sequence_options(o, in, b);
           const BackwardResult alone =
               forward_backward(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
                                sequence_rows(in.v.view, k0, k1), sequence_rows(dout.view, q0, q1), ob);
@@ -376,6 +389,15 @@ TEST(Varlen, BackwardEqualsBackwardOnEachSequenceAlone) {
             const double tolerance = (dtype == DType::float64 ? 1e-11 : 2e-5) * std::max(1.0, max_abs(w));
             EXPECT_LE(max_abs_diff(to_float64(got[g]), w), tolerance) << "sequence " << b << " gradient " << g;
           }
+          for (std::int64_t h = 0; h < Hq && vo.sinks; ++h) {
+            const std::int64_t at = vo.sinks == 2 ? b * Hq + h : h;
+            sink_sums.set(at, sink_sums.get(at) + alone.grad_sinks.get(h));
+          }
+        }
+        if (vo.sinks) {
+          ASSERT_EQ(grads.grad_sinks.shape(), in.sinks.shape());
+          EXPECT_LE(max_abs_diff(to_float64(grads.grad_sinks.view()), sink_sums),
+                    (dtype == DType::float64 ? 1e-11 : 2e-5) * std::max(1.0, max_abs(sink_sums)));
         }
       }
 }
@@ -387,15 +409,13 @@ TEST(Varlen, LongKeySequencesAmongShortOnes) {
   for (Backend backend : {Backend::reference, Backend::cpu}) {
     SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend));
     VarlenInputs in = make_varlen(DType::float32, 4, 1, 16, 8, lengths, 80);
-    in.slopes = alibi_slopes(DType::float32, {in.batch}, 4, true);
-    Options o = options_of(kVarlenOptions[5], in.slopes);
+    Options o = options_of(kVarlenOptions[5], in);
     o.window_left = 2500;
     o.backend = backend;
     const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});
     for (std::int64_t b = 0; b < in.batch; ++b) {
       const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
-      Options ob = o;
-      ob.alibi_slopes = slopes_of_sequence(in.slopes, b);
+      Options ob = sequence_options(o, in, b);
       ob.backend = Backend::reference;
       const ForwardResult want = forward(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
                                          sequence_rows(in.v.view, k0, k1), ob, Returns{false, true});
@@ -418,8 +438,7 @@ TEST(Varlen, CallerBuffersWithPermutedStrides) {
   for (Backend backend : {Backend::reference, Backend::cpu}) {
     SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend));
     VarlenInputs in = make_varlen(DType::float32, Hq, Hkv, E, Ev, lengths, 85);
-    in.slopes = alibi_slopes(DType::float32, {in.batch}, Hq, false);
-    Options o = options_of(kVarlenOptions[4], in.slopes);
+    Options o = options_of(kVarlenOptions[4], in);
     o.backend = backend;
     const std::int64_t total_q = in.seqs.cu_seqlens_q.back(), total_k = in.seqs.cu_seqlens_k.back();
     const ForwardResult want = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o, Returns{false, true});

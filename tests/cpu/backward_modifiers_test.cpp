@@ -101,7 +101,7 @@ TEST(CpuBackwardModifiers, LowPrecisionSoftcapMatchesOracleByTheToleranceRule) {
       Case c;
       c.dtype = dtype;
       c.batch = {1}, c.heads_q = 4, c.heads_kv = 2, c.L = 100, c.S = 150, c.E = 32, c.Ev = 16;
-      c.window_left = 60, c.window_right = 5, c.slopes = Case::Slopes::per_head, c.softcap = cap, c.stddev = 1.5;
+      c.window_left = 60, c.window_right = 5, c.slopes = Case::PerHead::per_head, c.softcap = cap, c.stddev = 1.5;
       c.interleaved = n % 2 == 0;
       SCOPED_TRACE(c.name());
       const Inputs in = make_inputs(c, ++n);
@@ -141,7 +141,7 @@ TEST(CpuBackwardModifiers, SmallWindowsWithCausalMatchOracle) {
         c.L = 40, c.S = 17, c.window_left = left, c.window_right = right;
         c.causal = ca.causal, c.alignment = ca.alignment;
         c.num_threads = 1;
-        c.slopes = n % 2 ? Case::Slopes::per_head : Case::Slopes::none;
+        c.slopes = n % 2 ? Case::PerHead::per_head : Case::PerHead::none;
         expect_gradients_agree(c, ++n);
       }
 }
@@ -155,7 +155,7 @@ TEST(CpuBackwardModifiers, DropoutWithEveryModifierMatchesOracle) {
       c.dtype = dtype;
       c.batch = {2}, c.heads_q = 4, c.heads_kv = 2, c.L = 70, c.S = 131, c.E = 24, c.Ev = 16;
       c.window_left = 30, c.window_right = 10, c.causal = ca.causal, c.alignment = ca.alignment;
-      c.slopes = Case::Slopes::per_batch_head, c.softcap = 3, c.stddev = 1.5;
+      c.slopes = Case::PerHead::per_batch_head, c.softcap = 3, c.stddev = 1.5;
       c.mask = Case::Mask::additive, c.mask_shape = {c.L, c.S};
       c.dropout_p = 0.3;
       c.interleaved = true;
@@ -171,7 +171,7 @@ TEST(CpuBackwardModifiers, EmptyWindowRowsHaveZeroGradients) {
     c.dtype = DType::float32;
     c.batch = {1}, c.heads_q = 2, c.heads_kv = 1, c.L = 70, c.S = 40, c.E = 8, c.Ev = 8;
     c.window_left = 2, c.window_right = 0, c.alignment = Alignment::top_left;  // rows i > 41 see nothing
-    c.slopes = Case::Slopes::per_head, c.softcap = 5;
+    c.slopes = Case::PerHead::per_head, c.softcap = 5;
     Inputs in = make_inputs(c, 14);
     in.options.backend = backend;
     std::mt19937_64 rng(15);
@@ -246,7 +246,7 @@ TEST(CpuBackwardModifiers, BitwiseDeterministicAcrossThreadCounts) {
     Case c;
     c.dtype = dtype;
     c.batch = {1}, c.heads_q = 4, c.heads_kv = 2, c.L = 130, c.S = 257, c.E = 40, c.Ev = 24;
-    c.window_left = 70, c.window_right = 10, c.slopes = Case::Slopes::per_head, c.softcap = 20;
+    c.window_left = 70, c.window_right = 10, c.slopes = Case::PerHead::per_head, c.softcap = 20;
     c.mask = Case::Mask::additive, c.mask_shape = {c.L, c.S}, c.dropout_p = 0.2;
     Inputs in = make_inputs(c, 16);
     in.options.backend = Backend::cpu;

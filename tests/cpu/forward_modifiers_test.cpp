@@ -21,8 +21,15 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// The sink of query head h of batch element b, −inf without sinks.
+double sink_of(const Inputs& in, std::int64_t b, std::int64_t h) {
+  if (!in.options.sinks) return -kInf;
+  const std::int64_t heads = in.sinks.shape().back();
+  return in.sinks.get(in.sinks.numel() == heads ? h : b * heads + h);
+}
+
 // The CPU result against the oracle by the tolerance rule (compare_with_oracle), and the
-// rows the window empties exactly 0 / −inf on the CPU too.
+// rows the window empties exactly 0 / −inf on the CPU too (lse = the sink, with sinks).
 void expect_cpu_agrees(const Case& c, std::uint64_t seed) {
   expect_forward_agrees(c, seed);
   SCOPED_TRACE(c.name());
@@ -34,7 +41,11 @@ void expect_cpu_agrees(const Case& c, std::uint64_t seed) {
     if (!window_row_empty(in.options, c.L, c.S, i)) continue;
     for (std::int64_t b = 0; b < c.batch[0]; ++b)
       for (std::int64_t h = 0; h < c.heads_q; ++h) {
-        EXPECT_EQ(r.lse.at({b, h, i}), -kInf) << "row " << i;
+        const double sink = sink_of(in, b, h);
+        if (sink == -kInf)
+          EXPECT_EQ(r.lse.at({b, h, i}), -kInf) << "row " << i;
+        else
+          EXPECT_NEAR(r.lse.at({b, h, i}), sink, 1e-6 * std::max(1.0, std::abs(sink))) << "row " << i;
         for (std::int64_t e = 0; e < c.Ev; ++e) EXPECT_EQ(r.output.at({b, h, i, e}), 0.0) << "row " << i;
       }
   }
@@ -128,7 +139,7 @@ TEST(CpuForwardModifiers, NaNPropagatesInsideTheWindowOnly) {
       c.dtype = dtype;
       c.batch = {1}, c.heads_q = 2, c.heads_kv = 1, c.L = 100, c.S = 100, c.E = 16, c.Ev = 8;
       c.window_left = 3, c.window_right = 2, c.alignment = Alignment::top_left;
-      c.slopes = Case::Slopes::per_head, c.softcap = 10;
+      c.slopes = Case::PerHead::per_head, c.softcap = 10;
       Inputs in = make_inputs(c, 11);
       (where == 0 ? in.q : in.k).set(where == 0 ? 5 * 16 + 3 : 40 * 16 + 3, kNaN);
       for (Backend backend : {Backend::reference, Backend::cpu}) {
@@ -149,8 +160,8 @@ TEST(CpuForwardModifiers, NaNPropagatesInsideTheWindowOnly) {
     }
 }
 
-// Decoding shapes (a few queries, S = 9001) take the split-key path: windows, ALiBi and
-// softcap across the split boundaries, forward and backward (whose key chunks split too).
+// Decoding shapes (a few queries, S = 9001) take the split-key path: windows, ALiBi,
+// softcap and sinks across the split boundaries, forward and backward (whose key chunks split too).
 TEST(CpuForwardModifiers, SplitKeyDecodeWithWindowAlibiSoftcap) {
   int n = 0;
   for (DType dtype : {DType::float32, DType::bfloat16})
@@ -160,9 +171,10 @@ TEST(CpuForwardModifiers, SplitKeyDecodeWithWindowAlibiSoftcap) {
       c.batch = {1}, c.heads_q = 5, c.heads_kv = 1, c.L = 3, c.S = 9001, c.E = 16, c.Ev = 24;
       c.window_left = left, c.window_right = left < 0 ? -1 : 700;
       c.alignment = Alignment::bottom_right;
-      c.slopes = Case::Slopes::per_head;
+      c.slopes = Case::PerHead::per_head;
       c.softcap = 20;
-      if (left == 5000) c.slopes = Case::Slopes::none, c.softcap = 0, c.window_right = -1;  // window alone
+      c.sinks = left < 0 ? Case::PerHead::per_head : Case::PerHead::none;  // added once, after the splits merge
+      if (left == 5000) c.slopes = Case::PerHead::none, c.softcap = 0, c.window_right = -1;  // window alone
       expect_cpu_agrees(c, ++n);
       if (dtype == DType::float32) {
         c.L = 2;
@@ -183,7 +195,7 @@ TEST(CpuForwardModifiers, HugeWindowsEqualUnbounded) {
         Case c;
         c.dtype = DType::float32;
         c.batch = {1}, c.heads_q = 2, c.heads_kv = 1, c.L = 150, c.S = 100, c.E = 16, c.Ev = 8;
-        c.alignment = a, c.slopes = Case::Slopes::per_head;
+        c.alignment = a, c.slopes = Case::PerHead::per_head;
         Inputs in = make_inputs(c, 17);
         in.options.backend = backend;
         const ForwardResult unbounded = forward(in.qv(), in.kv(), in.vv(), in.options, Returns{false, true});
@@ -203,9 +215,11 @@ TEST(CpuForwardModifiers, HugeWindowsEqualUnbounded) {
 }
 
 // Empty shapes with every extension on: correctly shaped results, S = 0 gives zero
-// output and lse −inf; the backward too.
+// output and lse −inf (the sink, with sinks); the backward too, whose sinks' gradient
+// with no lse gradient is 0 (dO·O = 0 on every row).
 TEST(CpuForwardModifiers, EmptyShapesWithEveryModifier) {
   for (Backend backend : {Backend::reference, Backend::cpu})
+    for (bool with_sinks : {false, true})
     for (const Shape& dims : {Shape{2, 0, 6}, Shape{2, 3, 0}, Shape{0, 3, 6}}) {  // B, L, S
       SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend) << " B=" << dims[0]
                                         << " L=" << dims[1] << " S=" << dims[2]);
@@ -220,15 +234,26 @@ TEST(CpuForwardModifiers, EmptyShapesWithEveryModifier) {
       o.window_left = 2, o.window_right = 1;
       o.alibi_slopes = slopes.view();
       o.softcap = 5;
+      const Tensor sinks = sink_logits(DType::float64, {}, 4, false);
+      if (with_sinks) o.sinks = sinks.view();
       const ForwardResult r = forward(q.view(), k.view(), v.view(), o, Returns{true, true});
       EXPECT_EQ(r.output.shape(), (Shape{dims[0], 4, dims[1], 5}));
       EXPECT_EQ(r.weights.shape(), (Shape{dims[0], 4, dims[1], dims[2]}));
       for (std::int64_t n = 0; n < r.output.numel(); ++n) EXPECT_EQ(r.output.get(n), 0.0);
-      for (std::int64_t n = 0; n < r.lse.numel(); ++n) EXPECT_EQ(r.lse.get(n), -kInf);
+      for (std::int64_t n = 0; n < r.lse.numel(); ++n) {
+        if (with_sinks)
+          EXPECT_NEAR(r.lse.get(n), sinks.get(n / dims[1] % 4), 1e-6);
+        else
+          EXPECT_EQ(r.lse.get(n), -kInf);
+      }
       const BackwardResult grads = forward_backward(q.view(), k.view(), v.view(), g.view(), o);
       EXPECT_EQ(grads.grad_query.shape(), q.shape());
       EXPECT_EQ(grads.grad_key.shape(), k.shape());
       for (std::int64_t n = 0; n < grads.grad_query.numel(); ++n) EXPECT_EQ(grads.grad_query.get(n), 0.0);
+      if (with_sinks) {
+        EXPECT_EQ(grads.grad_sinks.shape(), Shape{4});
+        for (std::int64_t n = 0; n < 4; ++n) EXPECT_EQ(grads.grad_sinks.get(n), 0.0);
+      }
     }
 }
 // Same inputs and options: bitwise the same output, weights and lse for 1, 2, 3 threads.
@@ -238,7 +263,7 @@ TEST(CpuForwardModifiers, BitwiseDeterministicAcrossThreadCounts) {
     c.dtype = dtype;
     c.batch = {1}, c.heads_q = 4, c.heads_kv = 2, c.L = 130, c.S = 257, c.E = 40, c.Ev = 24;
     c.window_left = 70, c.window_right = 10, c.causal = Causal::none;
-    c.slopes = Case::Slopes::per_batch_head, c.softcap = 20, c.mask = Case::Mask::additive, c.mask_shape = {c.L, c.S};
+    c.slopes = Case::PerHead::per_batch_head, c.softcap = 20, c.mask = Case::Mask::additive, c.mask_shape = {c.L, c.S};
     c.dropout_p = 0.2;
     Inputs in = make_inputs(c, 12);
     in.options.backend = Backend::cpu;
@@ -251,7 +276,7 @@ TEST(CpuForwardModifiers, BitwiseDeterministicAcrossThreadCounts) {
 TEST(CpuForwardModifiers, AutomaticBackendIsTheCpuPath) {
   Case c = small_gqa_case();
   c.dtype = DType::float32;
-  c.L = 50, c.S = 80, c.window_left = 9, c.window_right = 5, c.slopes = Case::Slopes::per_head, c.softcap = 7;
+  c.L = 50, c.S = 80, c.window_left = 9, c.window_right = 5, c.slopes = Case::PerHead::per_head, c.softcap = 7;
   Inputs in = make_inputs(c, 13);
   in.options.backend = Backend::cpu;
   const ForwardResult cpu = forward(in.qv(), in.kv(), in.vv(), in.options, Returns{false, true});

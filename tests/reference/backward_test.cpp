@@ -161,11 +161,11 @@ TEST(ReferenceBackward, BroadcastMaskGradientSumsOverBroadcastDims) {
   EXPECT_LE(max_abs_diff(r.grad_query, full.grad_query), 0.0);
 }
 
-// GQA, L ≠ S, Ev ≠ E, float64: the window (both alignments), ALiBi (batch, Hq), softcap
-// and a float mask with a −inf entry, alone and together, for the oracle and for the
-// CPU backend's float64 path.
+// GQA, L ≠ S, Ev ≠ E, float64: the window (both alignments), ALiBi (batch, Hq), softcap,
+// a float mask with a −inf entry and sinks (batch, Hq) with a −inf one, alone and
+// together, for the oracle and for the CPU backend's float64 path.
 FiniteDifferenceCase fd_case(std::uint64_t seed, bool window, bool alibi, double softcap, bool mask,
-                             std::optional<Alignment> alignment, Causal causal) {
+                             std::optional<Alignment> alignment, Causal causal, bool sinks = false) {
   std::mt19937_64 rng(seed);
   FiniteDifferenceCase c;
   c.q = random_tensor(DType::float64, {2, 4, 5, 3}, rng, 1.5);
@@ -185,6 +185,10 @@ FiniteDifferenceCase fd_case(std::uint64_t seed, bool window, bool alibi, double
     c.mask.set(9, -kInf);
     c.options.mask = c.mask.view();
   }
+  if (sinks) {
+    c.sinks = sink_logits(DType::float64, {2}, 4, true);
+    c.options.sinks = c.sinks.view();
+  }
   return c;
 }
 
@@ -195,6 +199,7 @@ TEST(ReferenceBackwardModifiers, MatchesFiniteDifferences) {
     bool mask;
     std::optional<Alignment> alignment;
     Causal causal;
+    bool sinks = false;
   };
   const Variant variants[] = {
       {true, false, 0, false, Alignment::top_left, Causal::none},
@@ -205,13 +210,48 @@ TEST(ReferenceBackwardModifiers, MatchesFiniteDifferences) {
       {false, false, 1.5, true, std::nullopt, Causal::none},
       {true, true, 1.5, true, Alignment::bottom_right, Causal::none},
       {true, true, 3.0, true, std::nullopt, Causal::top_left},
+      {false, false, 0, false, std::nullopt, Causal::none, true},
+      {true, false, 0, false, Alignment::top_left, Causal::none, true},  // rows with no key: only the sink
+      {true, true, 1.5, true, std::nullopt, Causal::bottom_right, true},
   };
   int n = 0;
   for (const Variant& v : variants)
     for (Backend backend : {Backend::reference, Backend::cpu}) {
       SCOPED_TRACE(::testing::Message() << "variant " << n / 2 << " backend " << static_cast<int>(backend));
-      fd_case(++n, v.window, v.alibi, v.softcap, v.mask, v.alignment, v.causal).check(backend, 1e-8);
+      fd_case(++n, v.window, v.alibi, v.softcap, v.mask, v.alignment, v.causal, v.sinks).check(backend, 1e-8);
     }
+}
+
+// The sinks' gradient through the returned lse too (ring attention merges by it):
+// loss = Σ G ∘ O + Σ H ∘ lse against central differences in the sinks, (Hq,) sinks summed
+// over the batch, on both backends. Top-left with a window (0, 0) and L = 5 > S = 3:
+// rows 3 and 4 see no key, only the sink (output 0, lse = sink, dsink = H there).
+TEST(ReferenceBackwardModifiers, SinkGradientThroughOutputAndLse) {
+  std::mt19937_64 rng(31);
+  const Tensor q = random_tensor(DType::float64, {2, 4, 5, 3}, rng, 1.5),
+               k = random_tensor(DType::float64, {2, 2, 3, 3}, rng, 1.5),
+               v = random_tensor(DType::float64, {2, 2, 3, 4}, rng),
+               g = random_tensor(DType::float64, {2, 4, 5, 4}, rng), h = random_tensor(DType::float64, {2, 4, 5}, rng);
+  Tensor sinks = sink_logits(DType::float64, {2}, 4, false);
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    SCOPED_TRACE(static_cast<int>(backend));
+    Options o;
+    o.backend = backend;
+    o.window_left = 0, o.window_right = 0, o.alignment = Alignment::top_left;
+    o.sinks = sinks.view();
+    const ForwardResult f = forward(q.view(), k.view(), v.view(), o, Returns{false, true});
+    EXPECT_EQ(f.lse.at({1, 2, 4}), sinks.get(2));  // a row with no key: lse = its sink
+    BackwardInputs in{q.view(), k.view(), v.view(), f.output.view(), f.lse.view(), g.view(), h.view()};
+    const BackwardResult got = backward(in, o);
+    auto loss = [&] {
+      Options r = o;
+      r.backend = Backend::reference;
+      const ForwardResult x = forward(q.view(), k.view(), v.view(), r, Returns{false, true});
+      return dot(x.output, g) + dot(x.lse, h);
+    };
+    EXPECT_EQ(got.grad_sinks.shape(), (Shape{4}));
+    EXPECT_LE(max_abs_diff(got.grad_sinks, numerical_gradient(sinks, loss)), 1e-8);
+  }
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ TEST(ReferenceModifiers, DiagonalOnlyWindowCopiesTheDiagonalValue) {
 // KV heads: the slope follows the query head), both alignments and causal.
 TEST(ReferenceModifiers, AlibiMatchesFormulaPerHeadAndPerBatchHead) {
   int n = 0;
-  for (auto slopes : {Case::Slopes::per_head, Case::Slopes::per_batch_head})
+  for (auto slopes : {Case::PerHead::per_head, Case::PerHead::per_batch_head})
     for (DType slopes_dtype : {DType::float32, DType::float64})
       for (const CausalAlignment& ca : kCausalAlignments)
         for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{7, 11}, {11, 5}}) {
@@ -216,7 +216,7 @@ TEST(ReferenceModifiers, AllTogetherWithFloatAndBoolMask) {
         for (double dropout : {0.0, 0.3}) {
           Case c = small_gqa_case();
           c.L = 9, c.S = 13, c.window_left = 4, c.window_right = 2;
-          c.slopes = n % 2 ? Case::Slopes::per_head : Case::Slopes::per_batch_head;
+          c.slopes = n % 2 ? Case::PerHead::per_head : Case::PerHead::per_batch_head;
           c.softcap = 2.0, c.stddev = 2.0;
           c.mask = mask;
           if (broadcast) c.mask_shape = {c.L, c.S};
@@ -227,5 +227,91 @@ TEST(ReferenceModifiers, AllTogetherWithFloatAndBoolMask) {
           expect_oracle_matches_formula(in.qv(), in.kv(), in.vv(), in.options);
         }
 }
+// Attention sinks (Hq,) and (batch, Hq), with GQA (the sink follows the query head),
+// every causal alignment and a window that leaves rows with no key: the oracle against
+// the formula. A row with no key left gives output 0, weights 0 and lse = its sink, or
+// −inf where that sink is −inf (sink_logits has one).
+TEST(ReferenceModifiers, SinksMatchFormulaAndRowsWithNoKeyGiveTheSink) {
+  int n = 0, only_sink = 0;
+  for (auto sinks : {Case::PerHead::per_head, Case::PerHead::per_batch_head})
+    for (const CausalAlignment& ca : kCausalAlignments)
+      for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{7, 11}, {11, 5}}) {
+        Case c = small_gqa_case();
+        c.L = L, c.S = S, c.sinks = sinks, c.causal = ca.causal, c.alignment = ca.alignment;
+        c.window_left = 1, c.window_right = 0;
+        SCOPED_TRACE(c.name());
+        const Inputs in = make_inputs(c, ++n);
+        expect_oracle_matches_formula(in.qv(), in.kv(), in.vv(), in.options);
+        Options o = in.options;
+        o.backend = Backend::reference;
+        const ForwardResult r = forward(in.qv(), in.kv(), in.vv(), o, Returns{true, true});
+        for (std::int64_t b = 0; b < 2; ++b)
+          for (std::int64_t h = 0; h < c.heads_q; ++h)
+            for (std::int64_t i = 0; i < L; ++i) {
+              if (!window_row_empty(in.options, L, S, i)) continue;
+              ++only_sink;
+              EXPECT_EQ(r.lse.at({b, h, i}), in.sinks.get(sinks == Case::PerHead::per_head ? h : b * c.heads_q + h));
+              for (std::int64_t e = 0; e < c.Ev; ++e) EXPECT_EQ(r.output.at({b, h, i, e}), 0.0);
+              for (std::int64_t j = 0; j < S; ++j) EXPECT_EQ(r.weights.at({b, h, i, j}), 0.0);
+            }
+      }
+  EXPECT_GT(only_sink, 0);
+}
+
+// The sink takes its share of every row and no value: with every value row equal to the
+// same vector c, out_i = c · (1 − P_i) and Σ_j w_ij = 1 − P_i, P_i = exp(sink − lse_i),
+// and P_i = exp(sink) / (exp(sink) + Σ_j exp(s_ij)) from the scores alone. On the oracle
+// and the CPU (float64, and float32 within its rounding).
+TEST(ReferenceModifiers, SinkTakesItsShareAndNoValue) {
+  for (DType dtype : {DType::float64, DType::float32})
+    for (Backend backend : {Backend::reference, Backend::cpu}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " backend " << static_cast<int>(backend));
+      std::mt19937_64 rng(6);
+      const Tensor q = random_tensor(dtype, {1, 3, 4, 8}, rng), k = random_tensor(dtype, {1, 3, 130, 8}, rng);
+      Tensor v(dtype, {1, 3, 130, 2});
+      for (std::int64_t n = 0; n < v.numel(); ++n) v.set(n, n % 2 ? -1.5 : 0.75);
+      const Tensor sinks = sink_logits(DType::float64, {1}, 3, false);
+      Options o;
+      o.backend = backend;
+      o.sinks = sinks.view();
+      const ForwardResult r = forward(q.view(), k.view(), v.view(), o, Returns{true, true});
+      const double tolerance = dtype == DType::float64 ? 1e-14 : 2e-6;
+      for (std::int64_t h = 0; h < 3; ++h)
+        for (std::int64_t i = 0; i < 4; ++i) {
+          double sum = std::exp(sinks.get(h)), weights = 0;
+          for (std::int64_t j = 0; j < 130; ++j) {
+            double dot = 0;
+            for (std::int64_t e = 0; e < 8; ++e) dot += q.at({0, h, i, e}) * k.at({0, h, j, e});
+            sum += std::exp(dot / std::sqrt(8.0));
+            weights += r.weights.at({0, h, i, j});
+          }
+          const double share = std::exp(sinks.get(h)) / sum;
+          EXPECT_NEAR(std::exp(sinks.get(h) - r.lse.at({0, h, i})), share, tolerance);
+          EXPECT_NEAR(weights, 1 - share, tolerance);
+          EXPECT_NEAR(r.output.at({0, h, i, 0}), 0.75 * (1 - share), tolerance);
+          EXPECT_NEAR(r.output.at({0, h, i, 1}), -1.5 * (1 - share), tolerance);
+        }
+    }
+}
+
+// Sinks of −inf are no sinks: the same bits as without them, on both backends.
+TEST(ReferenceModifiers, MinusInfinitySinksAreNoSinks) {
+  Case c = small_gqa_case();
+  c.dtype = DType::float32, c.L = 40, c.S = 150, c.causal = Causal::bottom_right;
+  const Inputs in = make_inputs(c, 7);
+  Tensor none(DType::float32, {c.heads_q});
+  for (std::int64_t h = 0; h < c.heads_q; ++h) none.set(h, -kInf);
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    Options o = in.options;
+    o.backend = backend;
+    const ForwardResult without = forward(in.qv(), in.kv(), in.vv(), o, Returns{true, true});
+    o.sinks = none.view();
+    const ForwardResult with = forward(in.qv(), in.kv(), in.vv(), o, Returns{true, true});
+    EXPECT_TRUE(bitwise_equal(with.output, without.output));
+    EXPECT_TRUE(bitwise_equal(with.lse, without.lse));
+    EXPECT_TRUE(bitwise_equal(with.weights, without.weights));
+  }
+}
+
 }  // namespace
 }  // namespace sdpa::testing

@@ -17,8 +17,9 @@ std::string Case::name() const {
   if (stddev != 1) out << " stddev=" << stddev;
   if (window_left >= 0 || window_right >= 0) out << " window=(" << window_left << ", " << window_right << ")";
   if (alignment) out << " alignment=" << static_cast<int>(*alignment);
-  if (slopes != Slopes::none) out << " slopes=" << static_cast<int>(slopes) << "/" << dtype_name(slopes_dtype);
+  if (slopes != PerHead::none) out << " slopes=" << static_cast<int>(slopes) << "/" << dtype_name(slopes_dtype);
   if (softcap > 0) out << " softcap=" << softcap;
+  if (sinks != PerHead::none) out << " sinks=" << static_cast<int>(sinks);
   if (num_threads) out << " threads=" << num_threads;
   return out.str();
 }
@@ -47,6 +48,17 @@ Tensor alibi_slopes(DType dtype, const Shape& batch, std::int64_t heads, bool pe
   return t;
 }
 
+Tensor sink_logits(DType dtype, const Shape& batch, std::int64_t heads, bool per_batch) {
+  Shape shape = per_batch ? batch : Shape{};
+  shape.push_back(heads);
+  Tensor t(dtype, shape);
+  for (std::int64_t b = 0; b < t.numel() / heads; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      t.set(b * heads + h, b == 1 && h == heads - 1 ? -std::numeric_limits<double>::infinity()
+                                                    : -1.0 + 3.0 * static_cast<double>((h + 2 * b) % 5) / 4.0);
+  return t;
+}
+
 Inputs make_inputs(const Case& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   Inputs in;
@@ -67,9 +79,13 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
       if (banned(rng)) in.mask.set(i, -std::numeric_limits<double>::infinity());
   }
   if (c.mask != Case::Mask::none) in.options.mask = in.mask.view();
-  if (c.slopes != Case::Slopes::none) {
-    in.slopes = alibi_slopes(c.slopes_dtype, c.batch, c.heads_q, c.slopes == Case::Slopes::per_batch_head);
+  if (c.slopes != Case::PerHead::none) {
+    in.slopes = alibi_slopes(c.slopes_dtype, c.batch, c.heads_q, c.slopes == Case::PerHead::per_batch_head);
     in.options.alibi_slopes = in.slopes.view();
+  }
+  if (c.sinks != Case::PerHead::none) {
+    in.sinks = sink_logits(DType::float32, c.batch, c.heads_q, c.sinks == Case::PerHead::per_batch_head);
+    in.options.sinks = in.sinks.view();
   }
   in.options.causal = c.causal;
   in.options.alignment = c.alignment;
@@ -84,14 +100,21 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
 }
 
 const Modifiers kModifierGrid[8] = {
-    {50, 20, Causal::none, std::nullopt, Case::Slopes::none, DType::float32, 0, Case::Mask::none},
-    {100, -1, Causal::top_left, std::nullopt, Case::Slopes::none, DType::float32, 0, Case::Mask::none},
-    {3, 1, Causal::none, Alignment::top_left, Case::Slopes::per_head, DType::float32, 0, Case::Mask::boolean},
-    {-1, 40, Causal::none, Alignment::top_left, Case::Slopes::per_batch_head, DType::float32, 30, Case::Mask::none},
-    {130, -1, Causal::bottom_right, std::nullopt, Case::Slopes::per_head, DType::float64, 5, Case::Mask::additive},
-    {0, 0, Causal::none, Alignment::bottom_right, Case::Slopes::none, DType::float32, 0, Case::Mask::boolean},
-    {-1, -1, Causal::none, std::nullopt, Case::Slopes::per_batch_head, DType::float64, 0, Case::Mask::none},
-    {-1, -1, Causal::none, std::nullopt, Case::Slopes::none, DType::float32, 2.0, Case::Mask::additive},
+    {50, 20, Causal::none, std::nullopt, Case::PerHead::none, DType::float32, 0, Case::Mask::none, Case::PerHead::none},
+    {100, -1, Causal::top_left, std::nullopt, Case::PerHead::none, DType::float32, 0, Case::Mask::none,
+     Case::PerHead::per_head},
+    {3, 1, Causal::none, Alignment::top_left, Case::PerHead::per_head, DType::float32, 0, Case::Mask::boolean,
+     Case::PerHead::per_batch_head},
+    {-1, 40, Causal::none, Alignment::top_left, Case::PerHead::per_batch_head, DType::float32, 30, Case::Mask::none,
+     Case::PerHead::none},
+    {130, -1, Causal::bottom_right, std::nullopt, Case::PerHead::per_head, DType::float64, 5, Case::Mask::additive,
+     Case::PerHead::per_head},
+    {0, 0, Causal::none, Alignment::bottom_right, Case::PerHead::none, DType::float32, 0, Case::Mask::boolean,
+     Case::PerHead::none},
+    {-1, -1, Causal::none, std::nullopt, Case::PerHead::per_batch_head, DType::float64, 0, Case::Mask::none,
+     Case::PerHead::per_batch_head},
+    {-1, -1, Causal::none, std::nullopt, Case::PerHead::none, DType::float32, 2.0, Case::Mask::additive,
+     Case::PerHead::none},
 };
 
 Case with(const Dims& dims, const Modifiers& m, DType dtype) {
@@ -100,7 +123,7 @@ Case with(const Dims& dims, const Modifiers& m, DType dtype) {
   c.batch = {dims.B};
   c.heads_q = dims.Hq, c.heads_kv = dims.Hkv, c.L = dims.L, c.S = dims.S, c.E = dims.E, c.Ev = dims.Ev;
   c.window_left = m.window_left, c.window_right = m.window_right, c.causal = m.causal, c.alignment = m.alignment;
-  c.slopes = m.slopes, c.slopes_dtype = m.slopes_dtype, c.softcap = m.softcap, c.mask = m.mask;
+  c.slopes = m.slopes, c.slopes_dtype = m.slopes_dtype, c.softcap = m.softcap, c.mask = m.mask, c.sinks = m.sinks;
   return c;
 }
 

@@ -1,7 +1,7 @@
 // One case of the hostile grid of DESIGN.md §4, and its random inputs, shared by the
 // reference and CPU forward and backward tests so that they run the same grid the same
 // way: shapes, dtypes, masks, causal, dropout, and the score modifiers (sliding window
-// and its alignment, ALiBi slopes, softcap).
+// and its alignment, ALiBi slopes, softcap, sinks).
 #pragma once
 
 #include <cstdint>
@@ -26,9 +26,11 @@ struct Case {
   // The score modifiers (include/sdpa/options.h).
   std::int64_t window_left = -1, window_right = -1;
   std::optional<Alignment> alignment;
-  enum class Slopes { none, per_head, per_batch_head } slopes = Slopes::none;  // (Hq,) or (batch..., Hq)
+  enum class PerHead { none, per_head, per_batch_head };  // (Hq,) or (batch..., Hq)
+  PerHead slopes = PerHead::none;
   DType slopes_dtype = DType::float32;
   double softcap = 0;
+  PerHead sinks = PerHead::none;  // float32 logits (sink_logits)
   int num_threads = 0;
 
   std::string name() const;
@@ -45,8 +47,14 @@ Shape shape_of(const Shape& batch, std::int64_t heads, std::int64_t rows, std::i
 // batch element when `per_batch`.
 Tensor alibi_slopes(DType dtype, const Shape& batch, std::int64_t heads, bool per_batch);
 
+// Attention sinks of `dtype` for `heads` query heads: (heads,), or (batch..., heads)
+// different per batch element when `per_batch`. Logits between −1 and 2, where a sink
+// takes a fair share of a row whose scores have unit variance; per batch, batch element
+// 1's last head has −inf (no sink).
+Tensor sink_logits(DType dtype, const Shape& batch, std::int64_t heads, bool per_batch);
+
 struct Inputs {
-  Tensor q, k, v, mask, slopes;
+  Tensor q, k, v, mask, slopes, sinks;
   StridedCopy qs, ks, vs;
   Options options;
   TensorView qv() const { return qs.storage.nbytes() ? qs.view : q.view(); }
@@ -79,10 +87,11 @@ struct Modifiers {
   std::int64_t window_left, window_right;
   Causal causal;
   std::optional<Alignment> alignment;
-  Case::Slopes slopes;
+  Case::PerHead slopes;
   DType slopes_dtype;
   double softcap;
   Case::Mask mask;
+  Case::PerHead sinks;
 };
 extern const Modifiers kModifierGrid[8];
 

@@ -22,6 +22,9 @@ void FiniteDifferenceCase::check(Backend backend, double tolerance) {
   if (float_mask) {
     EXPECT_LE(max_abs_diff(got.grad_mask, numerical_gradient(mask, f)), tolerance) << "grad_mask";
   }
+  if (options.sinks) {
+    EXPECT_LE(max_abs_diff(got.grad_sinks, numerical_gradient(sinks, f)), tolerance) << "grad_sinks";
+  }
 }
 
 }  // namespace sdpa::testing

@@ -7,15 +7,16 @@
 namespace sdpa::testing {
 
 // loss = Σ G ∘ forward(Q, K, V) through the float64 oracle: its gradients are the
-// backward's with dO = G. The tensors are float64; `mask` and `slopes` hold what
-// options.mask and options.alibi_slopes view, when they are used.
+// backward's with dO = G. The tensors are float64; `mask`, `slopes` and `sinks` hold what
+// options.mask, options.alibi_slopes and options.sinks view, when they are used.
 struct FiniteDifferenceCase {
-  Tensor q, k, v, mask, slopes, g;
+  Tensor q, k, v, mask, slopes, sinks, g;
   Options options;
 
   double loss() const;
   // Every gradient of the backward on `backend` against central differences of loss(),
-  // within `tolerance`; the mask's too when options.mask is a float mask.
+  // within `tolerance`; the mask's too when options.mask is a float mask, the sinks' when
+  // options.sinks is given.
   void check(Backend backend, double tolerance);
 };
 

@@ -56,9 +56,10 @@ Expected expected_attention(const TensorView& query, const TensorView& key, cons
   const std::int64_t B = q.shape()[0], Hq = q.shape()[1], L = q.shape()[2], E = q.shape()[3];
   const std::int64_t Hkv = k.shape()[1], S = k.shape()[2], Ev = v.shape()[3];
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(E));
-  Tensor mask, slopes;
+  Tensor mask, slopes, sinks;
   if (o.mask) mask = to_float64(*o.mask);
   if (o.alibi_slopes) slopes = to_float64(*o.alibi_slopes);
+  if (o.sinks) sinks = to_float64(*o.sinks);
   const bool bool_mask = o.mask && o.mask->dtype == DType::boolean;
   const detail::DropoutMask dropout(o.dropout_p, o.seed, o.offset);
   Expected r{Tensor(DType::float64, {B, Hq, L, Ev}), Tensor(DType::float64, {B, Hq, L}),
@@ -68,11 +69,13 @@ Expected expected_attention(const TensorView& query, const TensorView& key, cons
     for (std::int64_t h = 0; h < Hq; ++h) {
       const std::int64_t kvh = h / (Hq / Hkv);
       const double slope = !o.alibi_slopes ? 0.0 : slopes.numel() == Hq ? slopes.get(h) : slopes.get(b * Hq + h);
+      // The sink: one more logit in the denominator, with no value.
+      const double sink = !o.sinks ? -kInf : sinks.numel() == Hq ? sinks.get(h) : sinks.get(b * Hq + h);
       for (std::int64_t i = 0; i < L; ++i) {
         const std::int64_t row = (b * Hq + h) * L + i;
         const std::int64_t d = diagonal(o, L, S, i);
-        bool any_nan = false;
-        double top = -kInf;
+        bool any_nan = std::isnan(sink);
+        double top = std::isnan(sink) ? -kInf : sink;
         for (std::int64_t j = 0; j < S; ++j) {
           double dot = 0;
           for (std::int64_t e = 0; e < E; ++e) dot += q.get(row * E + e) * k.get(((b * Hkv + kvh) * S + j) * E + e);
@@ -99,7 +102,7 @@ Expected expected_attention(const TensorView& query, const TensorView& key, cons
           r.lse.set(row, -kInf);
           continue;
         }
-        double sum = 0;
+        double sum = sink == -kInf ? 0.0 : std::exp(sink - top);
         for (double x : s) sum += std::exp(x - top);
         r.lse.set(row, top + std::log(sum));
         for (std::int64_t j = 0; j < S; ++j) {

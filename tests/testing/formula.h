@@ -1,6 +1,6 @@
 // The formula of include/sdpa/options.h written out again in float64, straight from its
 // text and never from the library's code: what the oracle's score modifiers (sliding
-// window and its alignment, ALiBi, softcap, masks, dropout) are checked against.
+// window and its alignment, ALiBi, softcap, sinks, masks, dropout) are checked against.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +23,9 @@ struct Expected {
 
 // Rank-4 Q (B, Hq, L, E), K (B, Hkv, S, E), V (B, Hkv, S, Ev), any dtype and strides:
 //   s = softcap·tanh(scale·q·k / softcap)  (or scale·q·k)  − slope[h]·|d(i) − j|  + mask
-//   −inf outside the window or where a bool mask is false; softmax; dropout; · V.
-// A row with no key left: output 0, lse −inf, weights 0.
+//   −inf outside the window or where a bool mask is false; softmax with the sink's exp in
+//   the denominator; dropout; · V.
+// A row with no key left: output 0, weights 0, lse −inf (the sink's logit with a sink).
 Expected expected_attention(const TensorView& query, const TensorView& key, const TensorView& value, const Options& o);
 
 }  // namespace sdpa::testing

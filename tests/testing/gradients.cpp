@@ -175,6 +175,12 @@ GradientAgreement agree_gradients_with_oracle(const BackwardResult& got, const T
       e.tolerance = std::max(e.tolerance, gradient_tolerance(stored, *want_grads[n]));
     a.entries.push_back(e);
   }
+  // The sinks' gradient is a sum over rows of one dot product dO·O each (src/api/backward.cpp),
+  // from O as computed in the dtype: under float32's and float64's rule. For float16 and
+  // bfloat16 the rule's naive backward has no sink term, so it is not compared here.
+  if (options.sinks && (dtype == DType::float32 || dtype == DType::float64))
+    a.entries.push_back({"grad_sinks", max_abs_diff(to_float64(got.grad_sinks.view()), want.grad_sinks),
+                         gradient_tolerance(dtype, want.grad_sinks)});
   return a;
 }
 

@@ -5,7 +5,7 @@
 
 namespace sdpa::testing {
 
-TensorView slopes_of_sequence(const Tensor& slopes, std::int64_t b) {
+TensorView per_head_of_sequence(const Tensor& slopes, std::int64_t b) {
   TensorView v = slopes.view();
   if (slopes.shape().size() == 2) {
     const std::int64_t heads = slopes.shape()[1];

@@ -8,8 +8,8 @@
 
 namespace sdpa::testing {
 
-// Row b of a (batch, Hq) slopes tensor as (Hq,); (Hq,) slopes as they are.
-TensorView slopes_of_sequence(const Tensor& slopes, std::int64_t b);
+// Row b of a (batch, Hq) per-head tensor (slopes, sinks) as (Hq,); (Hq,) as it is.
+TensorView per_head_of_sequence(const Tensor& slopes, std::int64_t b);
 
 // How far two runs of the same computation may drift: a few units in the last place.
 double same_result_tolerance(DType dtype, double magnitude);

@@ -27,7 +27,7 @@ Case modifiers_case(DType dtype) {
   c.dtype = dtype;
   c.batch = {2}, c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 47, c.E = 16, c.Ev = 8;
   c.window_left = 5, c.window_right = 3;
-  c.slopes = Case::Slopes::per_head;
+  c.slopes = Case::PerHead::per_head;
   c.softcap = 2;
   c.stddev = 2;
   return c;

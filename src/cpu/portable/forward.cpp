@@ -4,7 +4,8 @@
 //   α     = exp(m_{t−1} − m_t)                       rescales what came before
 //   l_t   = α·l_{t−1} + Σ_j exp(s_j − m_t)           running sum (before dropout)
 //   acc_t = α·acc_{t−1} + Σ_j drop_j·exp(s_j − m_t)·v_j
-// and at the end  O = acc / l,  lse = m + log l.
+// and at the end  O = acc / l,  lse = m + log l, after an attention sink, when given,
+// joins (m, l) as one more term with no value.
 // No L×S buffer: the extra memory is a few tiles per thread. When the weights are
 // asked for, a second pass recomputes the scores with the final (m, l).
 #include "cpu/portable/kernels.h"
@@ -66,6 +67,19 @@ void apply_dropout(const DropoutMask& dropout, T keep_scale, std::int64_t b, std
   });
 }
 
+// Folds an attention sink into a row's final state: the sink is one more logit, in the
+// sum and the maximum, whose value row is 0. Afterwards m is finite (sink or larger),
+// so a row whose keys were all masked gives output 0 and lse = sink.
+template <class T>
+void fold_sink(T sink, T& row_max, T& row_sum, T* acc, std::int64_t Ev) {
+  if (sink == -std::numeric_limits<T>::infinity()) return;  // no sink (and no −inf − −inf)
+  const T new_max = nan_max(row_max, sink);
+  const T alpha = std::exp(row_max - new_max);  // 0 when no key was visible (m = −inf)
+  row_sum = row_sum * alpha + std::exp(sink - new_max);
+  row_max = new_max;
+  for (std::int64_t d = 0; d < Ev; ++d) acc[d] *= alpha;
+}
+
 template <class T>
 void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h, std::int64_t i0) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
@@ -106,6 +120,10 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
     }
     accumulate_pv<T>(s.scores.data(), s.v.data(), rows, cols, p.Ev, kKeyTile, s.acc.data());
   });
+
+  if (p.has_sinks())
+    for (std::int64_t r = 0; r < rows; ++r)
+      fold_sink(static_cast<T>(p.sink(qm)), s.row_max[r], s.row_sum[r], s.acc.data() + r * p.Ev, p.Ev);
 
   // O = acc / l, lse = m + log l; a fully masked row (m = −inf) gives 0 and −inf.
   for (std::int64_t r = 0; r < rows; ++r) {

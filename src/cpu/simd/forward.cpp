@@ -12,7 +12,8 @@
 //   m' = max(m, max_c t_c);  α = 2^(m − m');  p_c = 2^(t_c − m');
 //   l' = α·l + Σ_c p_c;      Oᵀ' = α·Oᵀ + Σ_c V_c ⊗ drop_c·p_c
 // and finally O = Oᵀᵀ / l, lse = m·ln2 + ln l. A row with l = 0 saw no key: output 0,
-// lse −inf. NaN scores propagate through 2^(NaN) into l and the output.
+// lse −inf. NaN scores propagate through 2^(NaN) into l and the output. An attention
+// sink joins (m, l) before that, as one more logit with no value (FoldSink).
 //
 // GQA: one task takes the query rows of all the heads that share a KV head (group × L
 // rows, flattened), so a K/V tile loaded once serves the whole group — what decoding
@@ -332,8 +333,25 @@ class Task {
 
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
   void Finish(Subtile& t) {
+    if (p_.has_sinks()) FoldSink(t);
     StoreOutputs(t);
     if (p_.weights.present()) StoreWeights(t);
+  }
+
+  // Each row's sink (in log2 units, as m) joins its final state as one more logit whose
+  // value row is 0; once per row, after every key tile and any merge of split keys, so
+  // a split decode adds it once. A row that saw no key ends with m = sink, l = 1, O = 0.
+  void FoldSink(Subtile& t) {
+    for (std::size_t r = 0; r < t.rows.size(); ++r) {
+      const double sink = p_.sink(t.rows[r].matrix);
+      if (sink == -std::numeric_limits<double>::infinity()) continue;  // no sink (and no −inf − −inf)
+      const float sink2 = static_cast<float>(sink * kLog2e), m = t.m[r];
+      const float m_new = std::isnan(m) || m > sink2 ? m : sink2;
+      const float alpha = std::exp2(m - m_new);  // 0 when no key was visible (m = −inf)
+      t.l[r] = t.l[r] * alpha + std::exp2(sink2 - m_new);
+      t.m[r] = m_new;
+      for (std::int64_t d = 0; d < p_.Ev; ++d) t.ot[d * s_.rows + r] *= alpha;
+    }
   }
 
   void StoreOutputs(const Subtile& t) {
