@@ -118,12 +118,14 @@ struct MultiHeadAttentionConfig {
   std::optional<RopeOptions> rope;
   // Beyond torch.nn.MultiheadAttention (sdpa::Options, docs/semantics.md): a sliding
   // window (Mistral's local layers; −1 = that side unbounded), ALiBi slopes (one per query
-  // head; empty = none), logit softcapping (Gemma 2; 0 = off). They count from each
-  // query's own position, so with a KV cache the window reaches back from the newest
-  // tokens (the causal alignment is bottom-right there).
+  // head; empty = none), logit softcapping (Gemma 2; 0 = off), attention sinks (gpt-oss:
+  // one logit per query head in every row's softmax denominator; empty = none). They count
+  // from each query's own position, so with a KV cache the window reaches back from the
+  // newest tokens (the causal alignment is bottom-right there).
   std::int64_t window_left = -1, window_right = -1;
   std::vector<double> alibi_slopes;
   double softcap = 0.0;
+  std::vector<double> sinks;
   DType dtype = DType::float32;  // float32 or float64
   Init init = Init::xavier_uniform;
   std::uint64_t seed = 0;  // for the initial weights
@@ -205,6 +207,7 @@ class MultiHeadAttention {
   Tensor q_weight_, k_weight_, v_weight_, o_weight_;
   Tensor q_bias_, k_bias_, v_bias_, o_bias_;
   Tensor alibi_slopes_;  // float64 (Hq,) from config.alibi_slopes, when given
+  Tensor sinks_;         // float64 (Hq,) from config.sinks, when given
 };
 
 }  // namespace sdpa::nn

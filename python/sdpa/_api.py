@@ -19,19 +19,29 @@ def _prepare_qkv(fw, query, key, value):
     return fw.prepare("query", query), fw.prepare("key", key), fw.prepare("value", value)
 
 
-def _slopes(fw, alibi_slopes):
-    """ALiBi slopes in the caller's framework: a tensor / array is read in place (float32 or
-    float64, checked by the library); a list or tuple of numbers becomes float64. They are
-    constants: no gradient flows to them."""
-    if alibi_slopes is None:
+def _per_head(fw, name, values, *, constant):
+    """A per-head tensor (alibi_slopes, sinks) in the caller's framework: a tensor / array is
+    read in place (float32 or float64, shape checked by the library); a list or tuple of
+    numbers becomes float64. ALiBi slopes are `constant` (no gradient flows to them); the
+    sinks are learned logits, differentiable like the query."""
+    if values is None:
         return None
-    if isinstance(alibi_slopes, (list, tuple)):
-        alibi_slopes = np.asarray(_reals("alibi_slopes", alibi_slopes), dtype=np.float64)
+    if isinstance(values, (list, tuple)):
+        values = np.asarray(_reals(name, values), dtype=np.float64)
     if isinstance(fw, _Torch):
-        if isinstance(alibi_slopes, np.ndarray):
-            alibi_slopes = fw.torch.from_numpy(alibi_slopes)
-        return fw.prepare("alibi_slopes", alibi_slopes).detach()
-    return fw.prepare("alibi_slopes", alibi_slopes)
+        if isinstance(values, np.ndarray):
+            values = fw.torch.from_numpy(values)
+        values = fw.prepare(name, values)
+        return values.detach() if constant else values
+    return fw.prepare(name, values)
+
+
+def _slopes(fw, alibi_slopes):
+    return _per_head(fw, "alibi_slopes", alibi_slopes, constant=True)
+
+
+def _sinks(fw, sinks):
+    return _per_head(fw, "sinks", sinks, constant=False)
 
 
 def _integers(fw, name, x):
@@ -64,18 +74,18 @@ def _batch_dims(ndim: int) -> int:
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
 
 
-def _run(fw, q, k, v, mask, slopes, options, *, weights, lse, out, mask_name):
+def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name):
     if isinstance(fw, _Torch):
         from . import _autograd
 
-        if _autograd.wanted(q, k, v, mask):
+        if _autograd.wanted(q, k, v, mask, sinks):
             # Training (or torch.compile): the custom op with its registered backward.
             if weights:
                 raise NotImplementedError("return_weights: the weights are not differentiable; ask for them in a "
                                           "separate call under torch.no_grad()")
             if out is not None:
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
-            output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, options, mask_name=mask_name)
+            output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
     rows = tuple(q.shape[:-1])  # (..., Hq, L)
     out = fw.empty(rows + tuple(v.shape[-1:]), q.dtype) if out is None else fw.prepare("out", out, output=True)
@@ -85,14 +95,14 @@ def _run(fw, q, k, v, mask, slopes, options, *, weights, lse, out, mask_name):
     # writes anything; its errors arrive as TypeError / ValueError. No gradient is wanted
     # here: the tensors go as DLPack views of the caller's memory (fw.export).
     export = fw.export
-    _core.forward(export(q), export(k), export(v), export(mask), slopes, export(out), export(weights_buffer),
-                  export(lse_buffer), to_core(options), mask_name)
+    _core.forward(export(q), export(k), export(v), export(mask), slopes, export(sinks), export(out),
+                  export(weights_buffer), export(lse_buffer), to_core(options), mask_name)
     return out, weights_buffer, lse_buffer
 
 
 def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_p=0.0, seed=None,
               return_weights=False, return_lse=False, out=None, window_size=(-1, -1), alignment=None,
-              alibi_slopes=None, softcap=0.0):
+              alibi_slopes=None, softcap=0.0, sinks=None):
     """Scaled dot-product attention, softmax(query @ keyᵀ · scale + mask) @ value.
 
     The library's own interface (docs/semantics.md): the seeds' ``(output, weights)`` form
@@ -124,6 +134,7 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
             strides (a (B, L, Hq, Ev) buffer's transposed view works); written in place and
             returned.
         window_size, alignment, alibi_slopes, softcap: FlashAttention's extensions, below.
+        sinks: attention sinks (gpt-oss), below.
 
     Beyond PyTorch (FlashAttention's window_size, alibi_slopes and softcap). The score of
     query i and key j in query head h is
@@ -143,11 +154,17 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         alibi_slopes: (Hq,) or (batch..., Hq), float32 or float64, a tensor / array of the
             query's framework (a list of numbers is taken as float64). Not differentiated.
         softcap: logit softcapping (Gemma 2, Grok); 0 = off, else a finite cap > 0.
+        sinks: (Hq,) or (batch..., Hq), float32 or float64 (a list of numbers is taken as
+            float64): one logit per query head that joins every row's softmax denominator
+            and takes no value, out_i = Σ_j exp(s_ij - m) v_j / (exp(sink - m) + Σ_j
+            exp(s_ij - m)); -inf is no sink. Differentiable (learned, as in gpt-oss).
 
     Returns:
         output (..., Hq, L, Ev) in the query's dtype; ``(output, weights)``,
         ``(output, lse)`` or ``(output, weights, lse)`` when those are asked for.
-        A fully masked row gives output 0, weights 0 and lse -inf.
+        A fully masked row gives output 0, weights 0 and lse -inf (with a sink: output
+        0, weights 0 and lse = the sink). The weights of a row sum to 1 minus the sink's
+        share.
 
     Autograd: torch inputs that require grad (grad mode on) get gradients from sdpa's own
     backward, dropout mask included, and so does a float mask that requires grad; it works
@@ -168,12 +185,12 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if mask is None else fw.prepare("mask", mask)
-    slopes = _slopes(fw, alibi_slopes)
+    slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
-    output, weights, lse = _run(fw, q, k, v, m, slopes, options, weights=return_weights, lse=return_lse, out=out,
-                                mask_name="mask")
+    output, weights, lse = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=return_weights, lse=return_lse,
+                                out=out, mask_name="mask")
     if not (return_weights or return_lse):
         return output
     return (output,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
@@ -181,7 +198,7 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, seed=None, window_size=(-1, -1), alignment=None,
-                                 alibi_slopes=None, softcap=0.0):
+                                 alibi_slopes=None, softcap=0.0, sinks=None):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
     Same signature and semantics: ``softmax(query @ keyᵀ · scale + attn_mask) @ value``
@@ -207,7 +224,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         included); a float attn_mask that requires grad gets its gradient too;
       * keyword-only extensions torch does not have, FlashAttention's: ``window_size=(left,
         right)`` (a sliding window, -1 = unbounded side), ``alibi_slopes`` ((Hq,) or
-        (batch..., Hq)), ``softcap`` (logit softcapping, 0 = off) and ``alignment`` (where
+        (batch..., Hq)), ``softcap`` (logit softcapping, 0 = off), ``sinks`` (attention
+        sinks, gpt-oss's: one logit per query head in every row's denominator, (Hq,) or
+        (batch..., Hq)) and ``alignment`` (where
         the window's and ALiBi's diagonal lies: None follows is_causal, top-left, and
         without is_causal is "bottom_right", FlashAttention's). See sdpa.attention for the
         formula. Gradients flow through all of them.
@@ -216,12 +235,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         TypeError: a wrong dtype, or inputs of mixed frameworks.
         ValueError: shapes that do not fit, Hq != Hkv without enable_gqa, a mask that does
             not broadcast, dropout_p outside [0, 1), a non-finite scale, a bad window_size,
-            softcap, alibi_slopes or alignment.
+            softcap, alibi_slopes, sinks or alignment.
     """
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
-    slopes = _slopes(fw, alibi_slopes)
+    slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
                            seed=seed, window_size=window_size, alignment=alignment, softcap=softcap)
@@ -254,7 +273,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             if batch is not None:
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
 
-    output, _, _ = _run(fw, q, k, v, m, slopes, options, weights=False, lse=False, out=None, mask_name="attn_mask")
+    output, _, _ = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=False, lse=False, out=None,
+                        mask_name="attn_mask")
     return output[0] if squeeze else output
 
 
@@ -273,7 +293,7 @@ def _like(name, x, other_name, other):
 
 def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=None, scale=None, dropout_p=0.0,
                      seed=None, window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0,
-                     return_lse=False):
+                     sinks=None, return_lse=False):
     """Attention over a batch of sequences of different lengths packed without padding
     (FlashAttention's ``flash_attn_varlen_func`` layout).
 
@@ -298,7 +318,8 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
         scale, dropout_p, seed, window_size, alignment, softcap: as in sdpa.attention.
             Dropout in sequence b draws as batch element b of a padded (batch, Hq, L, S)
             call would.
-        alibi_slopes: (Hq,) or (batch, Hq), float32 or float64.
+        alibi_slopes, sinks: (Hq,) or (batch, Hq), float32 or float64; sinks as in
+            sdpa.attention (differentiable).
         return_lse: also return the log-sum-exp, (Hq, total_q) (FlashAttention's
             softmax_lse layout), float32 (float64 for float64 inputs).
 
@@ -321,28 +342,30 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     _like("value", v, "the key", k)
     cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q)
     cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
-    slopes = _slopes(fw, alibi_slopes)
+    slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
         from . import _autograd
 
-        if _autograd.wanted(q, k, v):
-            output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, options)
+        if _autograd.wanted(q, k, v, sink_logits):
+            output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, sink_logits, options)
             return (output, lse) if return_lse else output
         q, k, v = q.detach(), k.detach(), v.detach()
+        sink_logits = None if sink_logits is None else sink_logits.detach()
     total_q, heads_q = q.shape[0], q.shape[1]
     # FlashAttention's layouts, written through (H, total, ·) views.
     output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
     lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
-    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, slopes,
+    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, slopes, sink_logits,
                          fw.swap(output, 0, 1), lse, to_core(options))
     return (output, lse) if return_lse else output
 
 
 def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, layout="HND", causal=None, scale=None,
-                    window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0, return_lse=False):
+                    window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0, sinks=None,
+                    return_lse=False):
     """Attention of each sequence's queries against its keys and values in a paged KV cache
     (vLLM's PagedAttention, FlashInfer's page table). Forward only (inference).
 
@@ -366,7 +389,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
             their sequence (query i sees keys j <= i + seq_lens[b] - L): chunked prefill and
             speculative decoding into the cache. "top_left" is accepted too.
         scale, window_size, alignment, softcap: as in sdpa.attention.
-        alibi_slopes: (Hq,) or (batch, Hq), float32 or float64.
+        alibi_slopes, sinks: (Hq,) or (batch, Hq), float32 or float64; sinks as in
+            sdpa.attention.
         return_lse: also return the log-sum-exp (batch, Hq, L), float32 (float64 for float64
             inputs), for merging with attention over other keys.
 
@@ -396,23 +420,24 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     _like("value_pages", vp, "key_pages", kp)
     table = _integers(fw, "block_table", block_table)
     lengths = _integers(fw, "seq_lens", seq_lens)
-    slopes = _slopes(fw, alibi_slopes)
+    slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     nhd = layout == "NHD"
     if isinstance(fw, _Torch):
         from . import _autograd
 
         torch = fw.torch
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, kp, vp)):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, kp, vp, sink_logits)):
             raise NotImplementedError("paged_attention: forward only (no backward); call it under torch.no_grad() "
                                       "or torch.inference_mode(), or use sdpa.attention / sdpa.varlen_attention "
                                       "for training")
         if torch.compiler.is_compiling():
-            output, lse = _autograd.paged(q, kp, vp, table, lengths, slopes, options, nhd=nhd)
+            output, lse = _autograd.paged(q, kp, vp, table, lengths, slopes, sink_logits, options, nhd=nhd)
             return (output, lse) if return_lse else output
+        sink_logits = None if sink_logits is None else sink_logits.detach()
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
     rows = tuple(q.shape[:-1])
     output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
     lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
-    _core.forward_paged(q, kp, vp, table, lengths, slopes, output, lse, to_core(options))
+    _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options))
     return (output, lse) if return_lse else output

@@ -1,19 +1,21 @@
 """Autograd for torch tensors: sdpa's forward and backward as torch.library custom ops.
 
-    sdpa::attention_forward(q, k, v, mask, alibi_slopes, mask_name, *options) -> (out, lse)
-    sdpa::attention_backward(dout, q, k, v, mask, alibi_slopes, out, lse, dlse, mask_gradient,
-                             mask_name, *options) -> (dq, dk, dv, dmask)
-    sdpa::varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options) -> (out, lse)
-    sdpa::varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse, dlse,
-                          *options) -> (dq, dk, dv)
-    sdpa::paged_forward(q, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd,
+    sdpa::attention_forward(q, k, v, mask, alibi_slopes, sinks, mask_name, *options) -> (out, lse)
+    sdpa::attention_backward(dout, q, k, v, mask, alibi_slopes, sinks, out, lse, dlse, mask_gradient,
+                             mask_name, *options) -> (dq, dk, dv, dmask, dsinks)
+    sdpa::varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options) -> (out, lse)
+    sdpa::varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, out, lse,
+                          dlse, *options) -> (dq, dk, dv, dsinks)
+    sdpa::paged_forward(q, key_pages, value_pages, block_table, seq_lens, alibi_slopes, sinks, nhd,
                         *options) -> (out, lse)
 
 A custom op's schema holds tensors and scalars only, so every op ends with the call's
 options flattened (sdpa/_options.py: `flatten`, `unflatten` and the schema's part, SCHEMA,
 all derived from the binding's list of fields). A new option bound in
 python/src/options.cpp reaches every op with nothing to change here. alibi_slopes is a
-tensor beside the others, never differentiated.
+tensor beside the others, never differentiated; the attention sinks (one logit per query
+head) are differentiated, their gradient (dsinks, empty without sinks) summed over rows by
+the library.
 
 Each forward op but the paged one has its backward op registered as its autograd formula
 (torch.library.register_autograd), and both have fake (meta) implementations, so the
@@ -68,53 +70,63 @@ def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x
 
 
-@_op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, str mask_name",
-     "(Tensor, Tensor)")
-def attention_forward(query, key, value, mask, alibi_slopes, mask_name, *options):
+@_op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, Tensor? sinks, "
+     "str mask_name", "(Tensor, Tensor)")
+def attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.forward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes), out,
-                  None, lse, _core_options(options), mask_name)
+    _core.forward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes),
+                  _readable(sinks), out, None, lse, _core_options(options), mask_name)
     return out, lse
 
 
 @attention_forward.register_fake
-def _(query, key, value, mask, alibi_slopes, mask_name, *options):
+def _(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     rows = tuple(query.shape[:-1])
     return (query.new_empty(rows + tuple(value.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query)))
 
 
 @_op("attention_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor? mask, "
-     "Tensor? alibi_slopes, Tensor output, Tensor lse, Tensor? grad_lse, bool mask_gradient, str mask_name",
-     "(Tensor, Tensor, Tensor, Tensor)")
-def attention_backward(grad_output, query, key, value, mask, alibi_slopes, output, lse, grad_lse, mask_gradient,
-                       mask_name, *options):
-    """(dq, dk, dv, dmask) of one attention call; dmask is empty unless `mask_gradient`.
-    `grad_lse`, when the loss used the returned lse too, is its gradient."""
+     "Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse, bool mask_gradient, "
+     "str mask_name", "(Tensor, Tensor, Tensor, Tensor, Tensor)")
+def attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse,
+                       mask_gradient, mask_name, *options):
+    """(dq, dk, dv, dmask, dsinks) of one attention call; dmask is empty unless
+    `mask_gradient`, dsinks without sinks. `grad_lse`, when the loss used the returned lse
+    too, is its gradient."""
     dq = torch.empty(query.shape, dtype=query.dtype)
     dk = torch.empty(key.shape, dtype=key.dtype)
     dv = torch.empty(value.shape, dtype=value.dtype)
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if mask_gradient else torch.empty(0, dtype=query.dtype)
+    dsinks = _sink_gradient_buffer(sinks, query)
     # autograd hands over dO in whatever dtype the output had; the library wants the query's.
     grad_output = _readable(grad_output).to(query.dtype)
     _core.backward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes),
-                   _readable(output), _readable(lse), grad_output, _lse_gradient(grad_lse, lse), dq, dk, dv,
-                   dmask if mask_gradient else None, _core_options(options), mask_name)
-    return dq, dk, dv, dmask
+                   _readable(sinks), _readable(output), _readable(lse), grad_output, _lse_gradient(grad_lse, lse), dq,
+                   dk, dv, dmask if mask_gradient else None, None if sinks is None else dsinks, _core_options(options),
+                   mask_name)
+    return dq, dk, dv, dmask, dsinks
 
 
 @attention_backward.register_fake
-def _(grad_output, query, key, value, mask, alibi_slopes, output, lse, grad_lse, mask_gradient, mask_name, *options):
+def _(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse, mask_gradient, mask_name,
+      *options):
     dmask = mask.new_empty(mask.shape) if mask_gradient else query.new_empty(0)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
+    dsinks = query.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask, dsinks
+
+
+def _sink_gradient_buffer(sinks, query):
+    """The sinks' gradient buffer: their shape and dtype; empty without sinks."""
+    return torch.empty(0, dtype=query.dtype) if sinks is None else torch.empty(sinks.shape, dtype=sinks.dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, mask, alibi_slopes, mask_name, *options = inputs
+    query, key, value, mask, alibi_slopes, sinks, mask_name, *options = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, mask, alibi_slopes, out, lse)
+    ctx.save_for_backward(query, key, value, mask, alibi_slopes, sinks, out, lse)
     ctx.mask_name = mask_name
     ctx.options = options
     # Unused outputs' gradients arrive as None (not zeros): no lse gradient costs nothing.
@@ -122,14 +134,15 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_output, grad_lse):
-    query, key, value, mask, alibi_slopes, out, lse = ctx.saved_tensors
+    query, key, value, mask, alibi_slopes, sinks, out, lse = ctx.saved_tensors
     mask_gradient = mask is not None and mask.dtype != torch.bool and ctx.needs_input_grad[3]
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv, dmask = attention_backward(grad_output, query, key, value, mask, alibi_slopes, out, lse, grad_lse,
-                                           mask_gradient, ctx.mask_name, *ctx.options)
+    dq, dk, dv, dmask, dsinks = attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, out, lse,
+                                                   grad_lse, mask_gradient, ctx.mask_name, *ctx.options)
     # alibi_slopes, the mask's name and the options get no gradient.
-    return (dq, dk, dv, (dmask if mask_gradient else None), None, None) + (None,) * len(ctx.options)
+    return ((dq, dk, dv, (dmask if mask_gradient else None), None, (dsinks if ctx.needs_input_grad[5] else None), None)
+            + (None,) * len(ctx.options))
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -143,9 +156,9 @@ def wanted(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention(query, key, value, mask, alibi_slopes, options, *, mask_name: str):
+def attention(query, key, value, mask, alibi_slopes, sinks, options, *, mask_name: str):
     """(output, lse) through the custom op; `options` an sdpa._options.Options."""
-    return attention_forward(query, key, value, mask, alibi_slopes, mask_name, *_options.flatten(options))
+    return attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *_options.flatten(options))
 
 
 # --- packed variable-length batches ------------------------------------------------------
@@ -155,79 +168,85 @@ def attention(query, key, value, mask, alibi_slopes, options, *, mask_name: str)
 # a fresh (total, H, E) tensor, as the fake implementations say.
 
 @_op("varlen_forward", "Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-     "Tensor? alibi_slopes", "(Tensor, Tensor)")
-def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options):
+     "Tensor? alibi_slopes, Tensor? sinks", "(Tensor, Tensor)")
+def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options):
     """(output (total_q, Hq, Ev), lse (Hq, total_q)); see sdpa.varlen_attention."""
     total_q, heads = query.shape[0], query.shape[1]
     out = torch.empty((total_q, heads, value.shape[-1]), dtype=query.dtype)
     lse = torch.empty((heads, total_q), dtype=_lse_dtype(query))
     _core.forward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
                          _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                         _readable(alibi_slopes), out.transpose(0, 1), lse, _core_options(options))
+                         _readable(alibi_slopes), _readable(sinks), out.transpose(0, 1), lse, _core_options(options))
     return out, lse
 
 
 @varlen_forward.register_fake
-def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options):
+def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options):
     total_q, heads = query.shape[0], query.shape[1]
     return (query.new_empty((total_q, heads, value.shape[-1])),
             query.new_empty((heads, total_q), dtype=_lse_dtype(query)))
 
 
 @_op("varlen_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
-     "Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor output, Tensor lse, Tensor? grad_lse",
-     "(Tensor, Tensor, Tensor)")
-def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, output, lse, grad_lse,
-                    *options):
-    """(dq, dk, dv) of one varlen call, each the shape of what it is the gradient of; `grad_lse`
-    as in attention_backward."""
+     "Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse",
+     "(Tensor, Tensor, Tensor, Tensor)")
+def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse,
+                    grad_lse, *options):
+    """(dq, dk, dv, dsinks) of one varlen call, each the shape of what it is the gradient of
+    (dsinks empty without sinks); `grad_lse` as in attention_backward."""
     dq = torch.empty(query.shape, dtype=query.dtype)
     dk = torch.empty(key.shape, dtype=key.dtype)
     dv = torch.empty(value.shape, dtype=value.dtype)
+    dsinks = _sink_gradient_buffer(sinks, query)
     grad_output = _readable(grad_output).to(query.dtype)
     _core.backward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
                           _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                          _readable(alibi_slopes), _readable(output).transpose(0, 1), _readable(lse),
-                          grad_output.transpose(0, 1), _lse_gradient(grad_lse, lse), dq.transpose(0, 1),
-                          dk.transpose(0, 1), dv.transpose(0, 1), _core_options(options))
-    return dq, dk, dv
+                          _readable(alibi_slopes), _readable(sinks), _readable(output).transpose(0, 1),
+                          _readable(lse), grad_output.transpose(0, 1), _lse_gradient(grad_lse, lse),
+                          dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1),
+                          None if sinks is None else dsinks, _core_options(options))
+    return dq, dk, dv, dsinks
 
 
 @varlen_backward.register_fake
-def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, output, lse, grad_lse, *options):
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse, grad_lse,
+      *options):
+    dsinks = query.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dsinks
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *options = inputs
+    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse)
+    ctx.save_for_backward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, out, lse)
     ctx.options = options
     ctx.set_materialize_grads(False)  # as attention_forward's
 
 
 def _varlen_backward(ctx, grad_output, grad_lse):
-    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse = ctx.saved_tensors
+    query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, out, lse = ctx.saved_tensors
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, out, lse,
-                                 grad_lse, *ctx.options)
-    return (dq, dk, dv, None, None, None) + (None,) * len(ctx.options)
+    dq, dk, dv, dsinks = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                         sinks, out, lse, grad_lse, *ctx.options)
+    return ((dq, dk, dv, None, None, None, (dsinks if ctx.needs_input_grad[6] else None))
+            + (None,) * len(ctx.options))
 
 
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
-def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
+def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, options):
     """(output, lse) through the varlen custom op; `options` an sdpa._options.Options."""
-    return varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *_options.flatten(options))
+    return varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
+                          *_options.flatten(options))
 
 
 # --- paged KV cache (forward only) -----------------------------------------------------------
 
 @_op("paged_forward", "Tensor query, Tensor key_pages, Tensor value_pages, Tensor block_table, Tensor seq_lens, "
-     "Tensor? alibi_slopes, bool nhd", "(Tensor, Tensor)")
-def paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *options):
+     "Tensor? alibi_slopes, Tensor? sinks, bool nhd", "(Tensor, Tensor)")
+def paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, sinks, nhd, *options):
     """(output (batch, Hq, L, Ev), lse (batch, Hq, L)); see sdpa.paged_attention. `nhd`: the
     pages are (pages, page_size, Hkv, E)."""
     key_pages, value_pages = _readable(key_pages), _readable(value_pages)
@@ -237,17 +256,17 @@ def paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_sl
     out = torch.empty(rows + tuple(value_pages.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
     _core.forward_paged(_readable(query), key_pages, value_pages, _readable(block_table), _readable(seq_lens),
-                        _readable(alibi_slopes), out, lse, _core_options(options))
+                        _readable(alibi_slopes), _readable(sinks), out, lse, _core_options(options))
     return out, lse
 
 
 @paged_forward.register_fake
-def _(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd, *options):
+def _(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, sinks, nhd, *options):
     rows = tuple(query.shape[:-1])
     return query.new_empty(rows + tuple(value_pages.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query))
 
 
-def paged(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, options, *, nhd: bool):
+def paged(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, sinks, options, *, nhd: bool):
     """(output, lse) through the paged custom op (torch.compile); `options` an sdpa._options.Options."""
-    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, nhd,
+    return paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_slopes, sinks, nhd,
                          *_options.flatten(options))

@@ -79,6 +79,7 @@ def layer_formula(params: dict, config: dict, rope, *, causal: str, dropout_p: f
     rotary_dim) or None. No KV cache: the caller refuses one."""
     heads_q, heads_kv, head_dim = config["num_heads"], config["num_kv_heads"], config["head_dim"]
     slopes = torch.tensor(config["alibi_slopes"], dtype=torch.float64) if config["alibi_slopes"] else None
+    sinks = torch.tensor(config["sinks"], dtype=torch.float64) if config["sinks"] else None  # constants, as the weights
     # The options the C++ layer passes to sdpa::forward (no alignment: the library's default,
     # as the C++ layer leaves it).
     options = make_options(None, causal=None if causal == "none" else causal, dropout_p=dropout_p, seed=seed,
@@ -96,7 +97,7 @@ def layer_formula(params: dict, config: dict, rope, *, causal: str, dropout_p: f
         q, k, v = heads(query, "q_proj", heads_q), heads(key, "k_proj", heads_kv), heads(value, "v_proj", heads_kv)
         if rope is not None:
             q, k = _rope(q, position_offset, *rope), _rope(k, position_offset, *rope)
-        attended, _ = _autograd.attention(q, k, v, _merged_mask(mask, key_padding_mask), slopes, options,
+        attended, _ = _autograd.attention(q, k, v, _merged_mask(mask, key_padding_mask), slopes, sinks, options,
                                           mask_name="attn_mask")
         y = F.linear(attended.transpose(1, 2).flatten(2), params["out_proj.weight"], params.get("out_proj.bias"))
         return y if batched else y[0]

@@ -101,8 +101,9 @@ class MultiheadAttention:
     'interleaved', 'rotary_dim'), dtype ('float32' or 'float64', or the torch / NumPy
     dtype), init ('xavier_uniform' or 'xavier_normal') and seed (initial weights; biases
     start at 0), and sdpa.attention's window_size=(left, right) (a sliding window, -1 =
-    unbounded side), alibi_slopes (one per query head) and softcap (0 = off), counted from
-    each query's own position (bottom-right with a cache). add_bias_kv and add_zero_attn
+    unbounded side), alibi_slopes (one per query head), softcap (0 = off) and sinks (one
+    attention-sink logit per query head, as gpt-oss's), counted from each query's own
+    position (bottom-right with a cache). add_bias_kv and add_zero_attn
     are not supported.
 
     Calls take torch tensors (and return torch tensors) or NumPy arrays (and return
@@ -122,7 +123,7 @@ class MultiheadAttention:
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, *, num_kv_heads=None, head_dim=None, rope=None,
                  dtype="float32", init="xavier_uniform", seed=0, window_size=(-1, -1), alibi_slopes=None,
-                 softcap=0.0):
+                 softcap=0.0, sinks=None):
         if add_bias_kv or add_zero_attn:
             raise NotImplementedError("add_bias_kv and add_zero_attn: not supported by sdpa.MultiheadAttention")
         rope = dict(rope) if rope is not None else None
@@ -133,6 +134,7 @@ class MultiheadAttention:
         # The arguments in the binding's types; their ranges are the C++ layer's to check.
         window_left, window_right = _window(window_size)
         slopes = alibi_slopes.tolist() if hasattr(alibi_slopes, "tolist") else alibi_slopes  # tensors, arrays
+        sinks = sinks.tolist() if hasattr(sinks, "tolist") else sinks
         # (base, layout, rotary_dim), as the C++ layer applies them; the backward's formula
         # (sdpa/_layer_autograd.py) rotates with the same.
         self._rope = None if rope is None else (_real("rope.base", rope.get("base", 10000.0)),
@@ -146,7 +148,8 @@ class MultiheadAttention:
             dropout=_real("dropout", dropout), rope_base=rope_base, rope_layout=rope_layout, rotary_dim=rotary_dim,
             dtype=_dtype_name(dtype), init=_string("init", init),
             seed=_seed_value("seed", seed), window_left=window_left, window_right=window_right,
-            alibi_slopes=[] if slopes is None else _reals("alibi_slopes", slopes), softcap=_real("softcap", softcap))
+            alibi_slopes=[] if slopes is None else _reals("alibi_slopes", slopes), softcap=_real("softcap", softcap),
+            sinks=[] if sinks is None else _reals("sinks", sinks))
         self._torch_parameters = None  # the weights as torch tensors, for the backward; made on demand
         self.batch_first = bool(batch_first)
         self.training = True

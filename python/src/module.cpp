@@ -75,11 +75,13 @@ sdpa::TensorView view_of(const Array& a, const std::string& name, bool is_mask =
   return sdpa_python::view_over(a, dtype_of(a.dtype(), name, is_mask));
 }
 
-// The call's options: the bound sdpa._core.Options (options.cpp), with the ALiBi slopes, a
-// tensor, laid over the caller's memory like the other tensors.
-sdpa::Options with_slopes(const sdpa::Options& options, const std::optional<Input>& alibi_slopes) {
+// The call's options: the bound sdpa._core.Options (options.cpp), with the per-head
+// tensors, ALiBi slopes and sinks, laid over the caller's memory like the other tensors.
+sdpa::Options with_per_head(const sdpa::Options& options, const std::optional<Input>& alibi_slopes,
+                            const std::optional<Input>& sinks) {
   sdpa::Options call = options;
   if (alibi_slopes) call.alibi_slopes = view_of(*alibi_slopes, "alibi_slopes");
+  if (sinks) call.sinks = view_of(*sinks, "sinks");
   return call;
 }
 
@@ -138,9 +140,9 @@ void remember(const void* query, const void* key, const void* value, const sdpa:
 }
 
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-             const std::optional<Input>& alibi_slopes, const Output& output, const std::optional<Output>& weights,
+             const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output, const std::optional<Output>& weights,
              const std::optional<Output>& lse, const sdpa::Options& call_options, const std::string& mask_name) {
-  sdpa::Options options = with_slopes(call_options, alibi_slopes);
+  sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
@@ -161,11 +163,11 @@ void forward(const Input& query, const Input& key, const Input& value, const std
 // The gradients of one forward call (sdpa::backward) into buffers the Python side
 // allocated: what sdpa's torch autograd (sdpa/_autograd.py) calls.
 void backward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-              const std::optional<Input>& alibi_slopes, const Input& output, const Input& lse, const Input& grad_output,
+              const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Input& output, const Input& lse, const Input& grad_output,
               const std::optional<Input>& grad_lse, const Output& grad_query, const Output& grad_key,
-              const Output& grad_value, const std::optional<Output>& grad_mask, const sdpa::Options& call_options,
-              const std::string& mask_name) {
-  sdpa::Options options = with_slopes(call_options, alibi_slopes);
+              const Output& grad_value, const std::optional<Output>& grad_mask, const std::optional<Output>& grad_sinks,
+              const sdpa::Options& call_options, const std::string& mask_name) {
+  sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   sdpa::BackwardInputs inputs{view_of(query, "query"),   view_of(key, "key"), view_of(value, "value"),
                               view_of(output, "output"), view_of(lse, "lse"), view_of(grad_output, "grad_output")};
   if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
@@ -173,6 +175,7 @@ void backward(const Input& query, const Input& key, const Input& value, const st
   sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
                                 view_of(grad_value, "grad_value"), std::nullopt};
   if (grad_mask) outputs.grad_mask = view_of(*grad_mask, "grad_mask");
+  if (grad_sinks) outputs.grad_sinks = view_of(*grad_sinks, "grad_sinks");
   try {
     nb::gil_scoped_release release;
     sdpa::backward(inputs, outputs, options);
@@ -185,9 +188,9 @@ void backward(const Input& query, const Input& key, const Input& value, const st
 // library's (H, total, E) form; the Python side passes FlashAttention's (total, H, E)
 // buffers as transposed views, so nothing is copied.
 void forward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                    const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const Output& output,
+                    const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
                     const std::optional<Output>& lse, const sdpa::Options& call_options) {
-  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
+  const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
@@ -204,18 +207,19 @@ void forward_varlen(const Input& query, const Input& key, const Input& value, co
 }
 
 void backward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const Input& output,
+                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Input& output,
                      const Input& lse, const Input& grad_output, const std::optional<Input>& grad_lse,
                      const Output& grad_query, const Output& grad_key, const Output& grad_value,
-                     const sdpa::Options& call_options) {
-  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
+                     const std::optional<Output>& grad_sinks, const sdpa::Options& call_options) {
+  const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
   sdpa::BackwardInputs inputs{view_of(query, "query"),   view_of(key, "key"), view_of(value, "value"),
                               view_of(output, "output"), view_of(lse, "lse"), view_of(grad_output, "grad_output")};
   if (grad_lse) inputs.grad_lse = view_of(*grad_lse, "grad_lse");
-  const sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
-                                      view_of(grad_value, "grad_value"), std::nullopt};
+  sdpa::BackwardOutputs outputs{view_of(grad_query, "grad_query"), view_of(grad_key, "grad_key"),
+                                view_of(grad_value, "grad_value")};
+  if (grad_sinks) outputs.grad_sinks = view_of(*grad_sinks, "grad_sinks");
   try {
     nb::gil_scoped_release release;
     sdpa::backward_varlen(inputs, sequences, outputs, options);
@@ -227,9 +231,9 @@ void backward_varlen(const Input& query, const Input& key, const Input& value, c
 // Attention against a paged KV cache (sdpa::forward_paged). The pages arrive as
 // (pages, Hkv, page_size, E) views; FlashInfer's NHD buffers are passed transposed.
 void forward_paged(const Input& query, const Input& key_pages, const Input& value_pages, const Input& block_table,
-                   const Input& seq_lens, const std::optional<Input>& alibi_slopes, const Output& output,
+                   const Input& seq_lens, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
                    const std::optional<Output>& lse, const sdpa::Options& call_options) {
-  const sdpa::Options options = with_slopes(call_options, alibi_slopes);
+  const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   sdpa::PagedKV cache;
   cache.key_pages = view_of(key_pages, "key_pages");
   cache.value_pages = view_of(value_pages, "value_pages");
@@ -271,23 +275,23 @@ NB_MODULE(_core, m) {
   // never into a temporary.
   const auto in = [](const char* name) { return nb::arg(name).noconvert(); };
   const auto maybe = [](const char* name) { return nb::arg(name).noconvert().none(); };
-  m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), in("output"),
+  m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"), in("output"),
         maybe("weights"), maybe("lse"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Computes attention into the given output buffers (see sdpa.attention).");
-  m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), in("output"),
+  m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"), in("output"),
         in("lse"), in("grad_output"), maybe("grad_lse"), in("grad_query"), in("grad_key"), in("grad_value"),
-        maybe("grad_mask"), nb::arg("options"), nb::arg("mask_name") = "mask",
+        maybe("grad_mask"), maybe("grad_sinks"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_varlen", &forward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"), in("cu_seqlens_k"),
-        maybe("alibi_slopes"), in("output"), maybe("lse"), nb::arg("options"),
+        maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),
         "Packed variable-length attention, tensors (H, total, E), into the given buffers (see "
         "sdpa.varlen_attention).");
   m.def("backward_varlen", &backward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"),
-        in("cu_seqlens_k"), maybe("alibi_slopes"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"),
-        in("grad_query"), in("grad_key"), in("grad_value"), nb::arg("options"),
+        in("cu_seqlens_k"), maybe("alibi_slopes"), maybe("sinks"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"),
+        in("grad_query"), in("grad_key"), in("grad_value"), maybe("grad_sinks"), nb::arg("options"),
         "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_paged", &forward_paged, in("query"), in("key_pages"), in("value_pages"), in("block_table"),
-        in("seq_lens"), maybe("alibi_slopes"), in("output"), maybe("lse"), nb::arg("options"),
+        in("seq_lens"), maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),
         "Attention against a paged KV cache, pages (pages, Hkv, page_size, E), into the given buffers (see "
         "sdpa.paged_attention).");
 

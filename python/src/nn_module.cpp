@@ -107,7 +107,8 @@ sdpa::nn::MultiHeadAttentionConfig make_config(
     std::int64_t embed_dim, std::int64_t num_heads, std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim,
     std::int64_t vdim, bool bias, double dropout, std::optional<double> rope_base, const std::string& rope_layout,
     std::int64_t rotary_dim, const std::string& dtype, const std::string& init, std::uint64_t seed,
-    std::int64_t window_left, std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap) {
+    std::int64_t window_left, std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap,
+    const std::vector<double>& sinks) {
   sdpa::nn::MultiHeadAttentionConfig c;
   c.embed_dim = embed_dim;
   c.num_heads = num_heads;
@@ -135,6 +136,7 @@ sdpa::nn::MultiHeadAttentionConfig make_config(
   c.window_right = window_right;
   c.alibi_slopes = alibi_slopes;
   c.softcap = softcap;
+  c.sinks = sinks;
   return c;
 }
 
@@ -189,15 +191,17 @@ void register_nn(nb::module_& m) {
              std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim, std::int64_t vdim, bool bias,
              double dropout, std::optional<double> rope_base, const std::string& rope_layout, std::int64_t rotary_dim,
              const std::string& dtype, const std::string& init, std::uint64_t seed, std::int64_t window_left,
-             std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap) {
+             std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap,
+             const std::vector<double>& sinks) {
             new (self) sdpa::nn::MultiHeadAttention(make_config(
                 embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias, dropout, rope_base, rope_layout,
-                rotary_dim, dtype, init, seed, window_left, window_right, alibi_slopes, softcap));
+                rotary_dim, dtype, init, seed, window_left, window_right, alibi_slopes, softcap, sinks));
           },
           nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("kdim"),
           nb::arg("vdim"), nb::arg("bias"), nb::arg("dropout"), nb::arg("rope_base").none(), nb::arg("rope_layout"),
           nb::arg("rotary_dim"), nb::arg("dtype"), nb::arg("init"), nb::arg("seed"), nb::arg("window_left") = -1,
-          nb::arg("window_right") = -1, nb::arg("alibi_slopes") = std::vector<double>{}, nb::arg("softcap") = 0.0)
+          nb::arg("window_right") = -1, nb::arg("alibi_slopes") = std::vector<double>{}, nb::arg("softcap") = 0.0,
+          nb::arg("sinks") = std::vector<double>{})
       .def("forward", &forward, nb::arg("query").noconvert(), nb::arg("key").noconvert(), nb::arg("value").noconvert(),
            nb::arg("mask").noconvert().none(), nb::arg("key_padding_mask").noconvert().none(), nb::arg("causal"),
            nb::arg("need_weights"), nb::arg("training"), nb::arg("dropout_seed"), nb::arg("position_offset"),
@@ -218,6 +222,7 @@ void register_nn(nb::module_& m) {
              d["window_size"] = nb::make_tuple(c.window_left, c.window_right);
              d["alibi_slopes"] = c.alibi_slopes;
              d["softcap"] = c.softcap;
+             d["sinks"] = c.sinks;
              d["dtype"] = std::string(sdpa::dtype_name(c.dtype));
              return d;
            })

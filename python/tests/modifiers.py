@@ -1,5 +1,5 @@
 """Random configurations with the score modifiers (window_size, alignment, alibi_slopes,
-softcap) and the checks against oracle.extended_attention (options.h's formula written out
+softcap, sinks) and the checks against oracle.extended_attention (options.h's formula written out
 literally in float64 torch) with DESIGN.md §4's tolerances: shared by the forward
 (test_modifiers.py), autograd (test_backward.py), varlen (test_varlen.py) and paged
 (test_paged.py) tests."""
@@ -41,6 +41,7 @@ class Extended:
     scale: float | None
     mask: str | None  # None, "bool", "float"
     data_seed: int
+    sinks: str | None = None  # None, "heads" (Hq,), "batch" (batch, Hq); in slopes_dtype
 
 
 SIDE = st.sampled_from([-1, -1, 0, 1, 2, 5, 17])
@@ -66,8 +67,9 @@ def extended_configs(draw, lib="torch", dtypes=None, masks=True):
     factor = draw(st.one_of(st.none(), st.floats(-2.5, 2.5, allow_nan=False)))
     scale = None if factor is None else factor / math.sqrt(E)
     mask = draw(st.sampled_from([None, None, "bool", "float"])) if masks else None
+    sinks = draw(st.sampled_from([None, None, "heads", "batch"]))
     return Extended(lib, dtype, draw(st.integers(1, 2)), heads_q, heads_kv, L, S, E, Ev, causal, alignment, window,
-                    slopes, slopes_dtype, softcap, scale, mask, draw(st.integers(0, 2**32 - 1)))
+                    slopes, slopes_dtype, softcap, scale, mask, draw(st.integers(0, 2**32 - 1)), sinks)
 
 
 def slopes_for(batch, heads_q, kind, dtype=F64, seed=0):
@@ -79,6 +81,20 @@ def slopes_for(batch, heads_q, kind, dtype=F64, seed=0):
         g = torch.Generator().manual_seed(seed)
         base = base * (0.5 + torch.rand(batch, heads_q, generator=g, dtype=F64))
     return base.to(dtype)
+
+
+def sinks_for(cfg: Extended):
+    """cfg's attention sinks as float64 torch: logits in [-1, 2], where a sink takes a fair
+    share of a row, (Hq,) or (batch, Hq); with (batch, Hq) the last head of the last batch
+    element is -inf (no sink). None without sinks."""
+    if cfg.sinks is None:
+        return None
+    g = torch.Generator().manual_seed(cfg.data_seed + 1)
+    shape = (cfg.heads_q,) if cfg.sinks == "heads" else (cfg.batch, cfg.heads_q)
+    sinks = -1.0 + 3.0 * torch.rand(shape, generator=g, dtype=F64)
+    if cfg.sinks == "batch":
+        sinks[-1, -1] = -math.inf
+    return sinks
 
 
 def convert(x: torch.Tensor, dtype, lib):
@@ -112,15 +128,18 @@ def make_extended(cfg: Extended):
 
 
 def options_of(cfg: Extended):
-    """The keyword arguments of the oracle for `cfg`."""
+    """The keyword arguments of the oracle for `cfg` (its sinks in the dtype sdpa gets them)."""
+    sinks = sinks_for(cfg)
     return dict(scale=cfg.scale, causal=cfg.causal, window=cfg.window, alignment=cfg.alignment,
-                softcap=cfg.softcap)
+                softcap=cfg.softcap, sinks=None if sinks is None else sinks.to(cfg.slopes_dtype).to(F64))
 
 
 def keywords_of(cfg: Extended, slopes):
     """The keyword arguments of sdpa.attention for `cfg`."""
+    sinks = sinks_for(cfg)
     return dict(scale=cfg.scale, causal=cfg.causal, window_size=cfg.window, alignment=cfg.alignment,
-                alibi_slopes=slopes, softcap=cfg.softcap)
+                alibi_slopes=slopes, softcap=cfg.softcap,
+                sinks=None if sinks is None else convert(sinks, cfg.slopes_dtype, cfg.lib))
 
 
 def check_output(what, dtype, ours, q, k, v, mask, slopes, **options):
@@ -138,7 +157,7 @@ def check_output(what, dtype, ours, q, k, v, mask, slopes, **options):
         weighted, _, _ = oracle.extended_attention(q64, k64, v64.abs(), mask64, slopes=s64, **options)
         bound = oracle.UNIT_ROUNDOFF[dtype] * (weighted + reference.abs()).max().item() if reference.numel() else 0.0
     oracle.check_close(what, dtype, ours, reference, naive, bound)
-    dead = torch.isneginf(lse)
+    dead = torch.isneginf(lse) | (weights.sum(-1) == 0)  # no key: only a sink, if any
     if dead.any():
         assert (oracle.to64(ours)[dead] == 0).all(), "a row that sees no key is not 0"
     return reference, lse

@@ -244,7 +244,7 @@ def dropout_keep(p: float, seed: int, offset: int, batch: int, heads: int, L: in
 # --- FlashAttention's extensions: window, ALiBi, softcap (issue #7) ----------------------
 
 def extended_attention(q, k, v, mask=None, *, scale=None, causal=None, window=(-1, -1), alignment=None,
-                       slopes=None, softcap=0.0):
+                       slopes=None, softcap=0.0, sinks=None):
     """(output, weights, lse) of include/sdpa/options.h's formula, literally, in the dtype of
     q (float64 for the reference; a low-precision dtype gives the naive computation in that
     dtype), differentiable by torch.autograd:
@@ -256,7 +256,10 @@ def extended_attention(q, k, v, mask=None, *, scale=None, causal=None, window=(-
     d(i) = i (top_left) or i + S − L (bottom_right); alignment None is the causal one when
     causal, else bottom_right. The window keeps d(i) − left <= j <= d(i) + right (−1:
     unbounded). Shapes (..., H, L, E) with GQA by repeating K/V heads; slopes (Hq,) or
-    (batch..., Hq). Fully masked rows give 0 and lse −inf."""
+    (batch..., Hq). Attention sinks ((Hq,) or (batch..., Hq), gpt-oss's) are one more
+    logit per row in the softmax with no value: the weights are softmax over [scores, sink]
+    without the sink's column, lse includes it. Fully masked rows give 0, and lse −inf
+    (the sink with sinks)."""
     dtype = q.dtype
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     if q.ndim >= 3 and k.ndim >= 3 and q.ndim == k.ndim and q.shape[-3] != k.shape[-3]:
@@ -292,6 +295,9 @@ def extended_attention(q, k, v, mask=None, *, scale=None, causal=None, window=(-
     allowed = torch.broadcast_to(allowed, scores.shape)
     scores = scores.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    if sinks is not None:
+        sink = to_torch(sinks).to(dtype)[..., None, None].expand(scores.shape[:-1] + (1,))
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1, keepdim=True)
     finite = torch.isfinite(lse)
     shifted = scores - torch.where(finite, lse, torch.zeros((), dtype=dtype))
     weights = torch.where(allowed & finite, torch.exp(shifted), torch.zeros((), dtype=dtype))

@@ -422,17 +422,19 @@ def test_lse_is_differentiable(kw):
 def test_opcheck_forward_and_backward_ops():
     q, k, v = (torch.randn(2, 4, 7, 8, requires_grad=True) for _ in range(3))
     mask = torch.randn(7, 7, requires_grad=True)
+    sinks = torch.randn(4, requires_grad=True)
     causal = _options.flatten(_options.Options(causal="top_left"))
     dropout = _options.flatten(_options.Options(scale=0.5, dropout_p=0.3, seed=2**64 - 5))
-    torch.library.opcheck(_autograd.attention_forward, (q, k, v, mask, None, "mask") + causal)
-    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, None, "mask") + dropout)
+    torch.library.opcheck(_autograd.attention_forward, (q, k, v, mask, None, None, "mask") + causal)
+    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, None, sinks, "mask") + dropout)
     plain = _options.flatten(_options.Options())
-    with torch.no_grad():
-        out, lse = _autograd.attention_forward(q, k, v, mask, None, "mask", *plain)
-    dout = torch.randn_like(out)
-    torch.library.opcheck(_autograd.attention_backward,
-                          (dout, q, k, v, mask, None, out, lse, None, True, "mask") + plain,
-                          test_utils=("test_schema", "test_faketensor"))
+    for s in (None, sinks):
+        with torch.no_grad():
+            out, lse = _autograd.attention_forward(q, k, v, mask, None, s, "mask", *plain)
+        dout = torch.randn_like(out)
+        torch.library.opcheck(_autograd.attention_backward,
+                              (dout, q, k, v, mask, None, s, out, lse, None, True, "mask") + plain,
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_torch_compile_fullgraph_matches_eager():

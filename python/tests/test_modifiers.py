@@ -61,7 +61,8 @@ def test_scaled_dot_product_attention_takes_the_extensions(cfg):
     q, k, v, _, slopes = make_extended(cfg)
     ours = sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal is not None, scale=cfg.scale,
                                              enable_gqa=cfg.heads_q != cfg.heads_kv, window_size=cfg.window,
-                                             alignment=cfg.alignment, alibi_slopes=slopes, softcap=cfg.softcap)
+                                             alignment=cfg.alignment, alibi_slopes=slopes, softcap=cfg.softcap,
+                                             sinks=keywords_of(cfg, slopes)["sinks"])
     check_output("extensions output", cfg.dtype, ours, q, k, v, None, slopes, **options_of(cfg))
 
 

@@ -268,18 +268,20 @@ def test_opcheck_new_custom_ops():
     q, k, v = (torch.randn(2, 4, 7, 8, requires_grad=True) for _ in range(3))
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
     extras = _options.Options(causal="top_left", window_left=3, window_right=0, alignment="top_left", softcap=10.0)
-    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, slopes, "mask") + _options.flatten(extras))
+    torch.library.opcheck(_autograd.attention_forward, (q, k, v, None, slopes, None, "mask") + _options.flatten(extras))
     qp, kp, vp = (torch.randn(9, 2, 8, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0, 4, 9])
     flat = _options.flatten(_options.Options(causal="bottom_right", dropout_p=0.2, seed=7, window_left=2))
-    args = (qp, kp, vp, cu, cu, None) + flat
-    torch.library.opcheck(_autograd.varlen_forward, args)
-    with torch.no_grad():
-        out, lse = _autograd.varlen_forward(*args)
-    torch.library.opcheck(_autograd.varlen_backward, (torch.randn_like(out), qp, kp, vp, cu, cu, None, out, lse, None)
-                          + flat, test_utils=("test_schema", "test_faketensor"))
+    for sinks in (None, torch.randn(2, 2, requires_grad=True)):  # none, and (batch, Hq)
+        args = (qp, kp, vp, cu, cu, None, sinks) + flat
+        torch.library.opcheck(_autograd.varlen_forward, args)
+        with torch.no_grad():
+            out, lse = _autograd.varlen_forward(*args)
+        torch.library.opcheck(_autograd.varlen_backward,
+                              (torch.randn_like(out), qp, kp, vp, cu, cu, None, sinks, out, lse, None) + flat,
+                              test_utils=("test_schema", "test_faketensor"))
     pages = torch.randn(5, 2, 4, 8)
     table, lens = torch.tensor([[3, 1], [0, 4]]), torch.tensor([6, 8])
     torch.library.opcheck(_autograd.paged_forward,
-                          (torch.randn(2, 2, 1, 8), pages, pages, table, lens, None, False)
+                          (torch.randn(2, 2, 1, 8), pages, pages, table, lens, None, torch.randn(2), False)
                           + _options.flatten(_options.Options()), test_utils=("test_schema", "test_faketensor"))

@@ -120,13 +120,18 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   AttentionCall training;
   training.training = true;
   check_attention_options(attention_options(c, training), c.dtype, "config");
-  if (!c.alibi_slopes.empty()) {
-    if (static_cast<std::int64_t>(c.alibi_slopes.size()) != c.num_heads)
-      fail("config.alibi_slopes", "expected one slope per query head (" + std::to_string(c.num_heads) + "), got " +
-                                      std::to_string(c.alibi_slopes.size()));
-    alibi_slopes_ = Tensor(DType::float64, {c.num_heads});
-    for (std::int64_t h = 0; h < c.num_heads; ++h) alibi_slopes_.set(h, c.alibi_slopes[static_cast<std::size_t>(h)]);
-  }
+  // The per-head values as the (Hq,) float64 tensors the calls hand to sdpa::forward.
+  const auto per_head = [&](const std::vector<double>& values, const char* name, const char* what) {
+    if (values.empty()) return Tensor();
+    if (static_cast<std::int64_t>(values.size()) != c.num_heads)
+      fail(std::string("config.") + name, std::string("expected one ") + what + " per query head (" +
+                                              std::to_string(c.num_heads) + "), got " + std::to_string(values.size()));
+    Tensor t(DType::float64, {c.num_heads});
+    for (std::int64_t h = 0; h < c.num_heads; ++h) t.set(h, values[static_cast<std::size_t>(h)]);
+    return t;
+  };
+  alibi_slopes_ = per_head(c.alibi_slopes, "alibi_slopes", "slope");
+  sinks_ = per_head(c.sinks, "sinks", "sink");
 
   const std::int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
   q_weight_ = Tensor(c.dtype, {q_out, c.embed_dim});
@@ -239,6 +244,7 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   options.mask = mask.view;
   if (cache != nullptr && call.causal != Causal::none) options.causal = Causal::bottom_right;
   if (!c.alibi_slopes.empty()) options.alibi_slopes = alibi_slopes_.view();
+  if (!c.sinks.empty()) options.sinks = sinks_.view();
 
   AttentionResult result;
   if (call.need_weights) result.weights = Tensor(c.dtype, batched ? Shape{batch, Hq, L, S} : Shape{Hq, L, S});
