@@ -88,11 +88,12 @@ struct CaseConfig {
   int pad = 0;
   bool want_weights = false, want_lse = false;
   // Issue #7: sliding window, its alignment, ALiBi slopes (per head, or per batch and
-  // head), logit softcapping.
+  // head), logit softcapping; issue #17: attention sinks (per head, or per batch and head).
   std::int64_t window_left = -1, window_right = -1;
   std::optional<Alignment> alignment;
   bool alibi = false, alibi_per_batch = false;
   double softcap = 0.0;
+  bool sinks = false, sinks_per_batch = false;
 
   Shape qkv_shape(std::int64_t heads, std::int64_t rows, std::int64_t cols) const {
     return rank == 4 ? Shape{B, heads, rows, cols} : Shape{heads, rows, cols};
@@ -180,6 +181,8 @@ CaseConfig random_case(Random& rng) {
   c.alibi = c.rank == 4 && rng.chance(0.2);
   c.alibi_per_batch = c.alibi && rng.chance(0.5);
   if (rng.chance(0.2)) c.softcap = rng.pick({0.5, 5.0, 30.0});
+  c.sinks = c.rank == 4 && rng.chance(0.2);
+  c.sinks_per_batch = c.sinks && rng.chance(0.5);
   return c;
 }
 
@@ -202,6 +205,7 @@ std::vector<std::string> features(const CaseConfig& c) {
   if (c.window_left >= 0 || c.window_right >= 0) tags.push_back("window");
   if (c.alibi) tags.push_back("alibi");
   if (c.softcap > 0.0) tags.push_back("softcap");
+  if (c.sinks) tags.push_back("sinks");
   if (tags.empty()) tags.push_back("plain");
   return tags;
 }
@@ -233,6 +237,7 @@ std::string describe(const CaseConfig& c) {
   if (c.alignment) out << (*c.alignment == Alignment::top_left ? " align=top-left" : " align=bottom-right");
   if (c.alibi) out << (c.alibi_per_batch ? " alibi(B,Hq)" : " alibi(Hq)");
   if (c.softcap > 0.0) out << " softcap=" << c.softcap;
+  if (c.sinks) out << (c.sinks_per_batch ? " sinks(B,Hq)" : " sinks(Hq)");
   if (c.want_weights) out << " +weights";
   if (c.want_lse) out << " +lse";
   return out.str();
@@ -338,14 +343,20 @@ struct CaseResult {
   bool passed() const { return failure.empty() && worst_ratio <= 1.0; }  // NaN fails
 };
 
+// A case's per-head tensors: ALiBi slopes and sinks, used when the case says so.
+struct PerHead {
+  Tensor slopes, sinks;
+};
+
 Options make_options(const CaseConfig& c, Backend backend, const std::optional<TensorView>& mask,
-                     const Tensor& alibi_slopes) {
+                     const PerHead& per_head) {
   Options o;
   o.mask = mask;
   o.window_left = c.window_left;
   o.window_right = c.window_right;
   o.alignment = c.alignment;
-  if (c.alibi) o.alibi_slopes = alibi_slopes.view();
+  if (c.alibi) o.alibi_slopes = per_head.slopes.view();
+  if (c.sinks) o.sinks = per_head.sinks.view();
   o.softcap = c.softcap;
   o.causal = c.causal;
   o.scale = c.scale;
@@ -385,17 +396,21 @@ CaseResult run_case(Random& rng, const CaseConfig& c, bool check_backward) {
     const Returns returns{c.want_weights, c.want_lse};
     // ALiBi's geometric slopes 2^(−8h/Hq) scaled by a random factor, so that the bias
     // is large against the scores in some cases and small in others.
-    Tensor slopes(DType::float32, c.alibi_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq});
-    for (std::int64_t n = 0; n < slopes.numel(); ++n)
-      slopes.set(n, std::exp2(-8.0 * static_cast<double>(n % c.Hq + 1) / static_cast<double>(c.Hq)) * 4.0 * rng.uniform());
+    PerHead per_head{Tensor(DType::float32, c.alibi_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq}),
+                   Tensor(DType::float32, c.sinks_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq})};
+    for (std::int64_t n = 0; n < per_head.slopes.numel(); ++n)
+      per_head.slopes.set(
+          n, std::exp2(-8.0 * static_cast<double>(n % c.Hq + 1) / static_cast<double>(c.Hq)) * 4.0 * rng.uniform());
+    // Sink logits in [−2, 4]: from a small share of a row to most of it.
+    for (std::int64_t n = 0; n < per_head.sinks.numel(); ++n) per_head.sinks.set(n, -2.0 + 6.0 * rng.uniform());
 
     const ForwardResult got = forward(
-        q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, slopes),
+        q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, per_head),
         returns);
     // The oracle's weights always: the low-precision tolerance is measured from them.
     const ForwardResult want =
         forward(q.oracle.view(), k.oracle.view(), v.oracle.view(),
-                make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, slopes),
+                make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, per_head),
                 Returns{true, true});
     const testing::Agreement agreement = testing::agree_with_oracle(got, want, v.oracle, c.dtype, returns);
     result.output_error = agreement.output_error;
@@ -407,8 +422,8 @@ CaseResult run_case(Random& rng, const CaseConfig& c, bool check_backward) {
       const bool mask_gradient = mask && c.mask_kind == MaskKind::additive && !c.mask_expanded;
       const double ratio = compare_gradients(
           q, k, v, grad_output,
-          make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, slopes),
-          make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, slopes),
+          make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, per_head),
+          make_options(c, Backend::reference, mask ? std::optional(mask->oracle.view()) : std::nullopt, per_head),
           mask_gradient);
       if (!(ratio <= result.worst_ratio)) result.worst_ratio = ratio;
     }
@@ -441,7 +456,7 @@ int feature_rank(const std::string& feature) {
   static const char* order[] = {"all",       "plain",     "rank3",      "gqa",          "ev!=e",
                                 "empty",     "bool-mask", "float-mask", "stride0-mask", "masked-row",
                                 "causal-tl", "causal-br", "scale",      "dropout",      "strided",
-                                "window",    "alibi",     "softcap"};
+                                "window",    "alibi",     "softcap",    "sinks"};
   for (int i = 0; i < static_cast<int>(std::size(order)); ++i)
     if (feature == order[i]) return i;
   return static_cast<int>(std::size(order));

@@ -55,10 +55,16 @@ Alignment parse_alignment(const std::string& name) {
   throw Error(ErrorKind::value, "--alignment", "expected top-left or bottom-right, got " + name);
 }
 
-Options make_options(const RunArgs& args, const Tensor* mask, const Tensor* alibi_slopes) {
+// The tensors among the options, read from their .npy files; they outlive the call.
+struct OptionTensors {
+  std::optional<Tensor> mask, alibi_slopes, sinks;
+};
+
+Options make_options(const RunArgs& args, const OptionTensors& tensors) {
   Options options;
-  if (mask != nullptr) options.mask = mask->view();
-  if (alibi_slopes != nullptr) options.alibi_slopes = alibi_slopes->view();
+  if (tensors.mask) options.mask = tensors.mask->view();
+  if (tensors.alibi_slopes) options.alibi_slopes = tensors.alibi_slopes->view();
+  if (tensors.sinks) options.sinks = tensors.sinks->view();
   options.causal = parse_causal(args.causal);
   options.window_left = args.window_left;
   options.window_right = args.window_right;
@@ -146,6 +152,7 @@ std::string cli_message(const Error& error, const RunArgs& args) {
                                           : name == "value"        ? args.value
                                           : name == "mask"         ? args.mask
                                           : name == "alibi_slopes" ? args.alibi_slopes
+                                          : name == "sinks"        ? args.sinks
                                                                    : std::nullopt;
   if (file) return flag_of(name) + " " + *file + ": " + detail;
   for (const char* list : {"cu_seqlens_q", "cu_seqlens_k", "block_table", "seq_lens"})
@@ -252,14 +259,14 @@ int run_command(const RunArgs& args) {
     const Tensor query = io::read_npy(args.query);
     const Tensor key = io::read_npy(args.key);
     const Tensor value = io::read_npy(args.value);
-    std::optional<Tensor> mask;
+    OptionTensors tensors;
     if (args.mask) {
-      mask = io::read_npy(*args.mask);
-      if (args.mask_polarity == "ignore") mask = to_attend_mask(*mask);
+      tensors.mask = io::read_npy(*args.mask);
+      if (args.mask_polarity == "ignore") tensors.mask = to_attend_mask(*tensors.mask);
     }
-    std::optional<Tensor> alibi_slopes;
-    if (args.alibi_slopes) alibi_slopes = io::read_npy(*args.alibi_slopes);
-    const Options options = make_options(args, mask ? &*mask : nullptr, alibi_slopes ? &*alibi_slopes : nullptr);
+    if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
+    if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);
+    const Options options = make_options(args, tensors);
     // Everything is computed before the first file is written: an error leaves nothing.
     const Returns returns{args.weights.has_value(), args.lse.has_value()};
     ForwardResult result;

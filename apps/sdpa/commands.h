@@ -38,6 +38,7 @@ struct RunArgs {
   std::optional<std::string> alignment;     // top-left | bottom-right; unset: the library's default
   double softcap = 0.0;                     // 0 = off
   std::optional<std::string> alibi_slopes;  // .npy, (Hq,) or (batch..., Hq)
+  std::optional<std::string> sinks;         // .npy, (Hq,) or (batch..., Hq)
   // Packed variable-length batches (forward_varlen): the integer lists as typed,
   // "0,3,10"; parsed by run_command so that a malformed list is reported like any
   // other bad input (exit 2, the flag named, nothing written).

@@ -68,7 +68,7 @@ using sdpa::cli::RunArgs;
 // because CLI11 2.1 (Debian 12) has no std::optional support.
 struct RunFlags {
   RunArgs args;
-  std::string mask, weights, lse, alignment, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens;
+  std::string mask, weights, lse, alignment, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens;
   double scale = 0.0;
   CLI::Option* mask_option = nullptr;
   CLI::Option* scale_option = nullptr;
@@ -76,6 +76,7 @@ struct RunFlags {
   CLI::Option* lse_option = nullptr;
   CLI::Option* alignment_option = nullptr;
   CLI::Option* alibi_slopes_option = nullptr;
+  CLI::Option* sinks_option = nullptr;
   CLI::Option* cu_seqlens_q_option = nullptr;
   CLI::Option* cu_seqlens_k_option = nullptr;
   CLI::Option* block_table_option = nullptr;
@@ -89,6 +90,7 @@ struct RunFlags {
     if (*lse_option) resolved.lse = lse;
     if (*alignment_option) resolved.alignment = alignment;
     if (*alibi_slopes_option) resolved.alibi_slopes = alibi_slopes;
+    if (*sinks_option) resolved.sinks = sinks;
     // The integer lists stay text here: run_command parses them, so a malformed one is
     // reported like any other bad input.
     if (*cu_seqlens_q_option) resolved.cu_seqlens_q = cu_seqlens_q;
@@ -145,6 +147,10 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   flags.alibi_slopes_option =
       run->add_option("--alibi-slopes", flags.alibi_slopes,
                       "ALiBi slopes .npy, float32/64, (Hq,) or (batch..., Hq): adds -slope[h] * |d(i) - j|");
+  flags.sinks_option = run->add_option(
+      "--sinks", flags.sinks,
+      "Attention sinks .npy, float32/64, (Hq,) or (batch..., Hq): one logit per query head in every row's "
+      "softmax denominator, with no value (gpt-oss)");
   run->add_option("--dropout-p", a.dropout_p, "Dropout probability on the weights, in [0, 1)")
       ->transform(kFinite)
       ->capture_default_str();

@@ -27,7 +27,7 @@ FAILURES = []
 
 
 def attention(q, k, v, mask=None, causal="none", scale=None, window=(-1, -1), alignment=None, alibi=None,
-              softcap=0.0):
+              softcap=0.0, sinks=None):
     """softmax(q kᵀ·scale + mask) v in float64 with PyTorch semantics (bool mask: True =
     takes part; float mask: added). Fully masked rows give output 0, weights 0, lse -inf.
     Issue #7, as include/sdpa/options.h defines them: the score is
@@ -35,7 +35,9 @@ def attention(q, k, v, mask=None, causal="none", scale=None, window=(-1, -1), al
     (Hq,) or (batch..., Hq)); query i sees key j only when d(i) − window[0] <= j <=
     d(i) + window[1] (−1 = unbounded; causal caps window[1] at 0), where d(i) = i
     (top-left) or i + S − L (bottom-right); the alignment defaults to the causal one, else
-    bottom-right. Returns (output, weights, lse)."""
+    bottom-right. Issue #17: attention sinks ((Hq,) or (batch..., Hq)) join every row's
+    denominator as exp(sink - max) and take no value; a row with no key then gives output 0
+    and lse = its sink. Returns (output, weights, lse)."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     group = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
     if group > 1:  # GQA: query head h reads KV head h // group
@@ -73,10 +75,16 @@ def attention(q, k, v, mask=None, causal="none", scale=None, window=(-1, -1), al
         visible = np.arange(S)[None, :] <= np.arange(L)[:, None] + shift
         scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)  # S = 0: a row that sees nothing
+    sink = None
+    if sinks is not None:
+        sink = np.broadcast_to(np.asarray(sinks, dtype=np.float64)[..., None, None], row_max.shape)
+        row_max = np.maximum(row_max, sink)
     fully_masked = row_max == -np.inf
     safe_max = np.where(fully_masked, 0.0, row_max)
     e = np.where(fully_masked, 0.0, np.exp(scores - safe_max))
     total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.where(fully_masked, 0.0, np.exp(sink - safe_max))
     weights = np.where(fully_masked, 0.0, e / np.where(total == 0, 1.0, total))
     with np.errstate(divide="ignore"):
         lse = np.where(fully_masked, -np.inf, safe_max + np.log(total))[..., 0]
@@ -335,6 +343,24 @@ def check_alibi(rng):
                     ["--alibi-slopes", save("g_slopes.npy", slopes), "--scale", 0.7], lse=True)
 
 
+def check_sinks(rng):
+    # gpt-oss's attention sinks from a .npy file, (Hq,) and (batch, Hq), with GQA, causal,
+    # a window that leaves rows with no key (output 0, lse = the sink), and float64.
+    B, Hq, Hkv, L, S, E = 2, 4, 2, 6, 5, 8
+    q, k, v = randn(rng, B, Hq, L, E), randn(rng, B, Hkv, S, E), randn(rng, B, Hkv, S, E)
+    sinks = np.array([0.5, -1.0, 2.0, 1.0], dtype=np.float32)
+    run_and_compare("s_sinks_heads", q, k, v, attention(q, k, v, sinks=sinks), 1e-5,
+                    ["--sinks", save("s_sinks.npy", sinks)], weights=True, lse=True)
+    per_batch = (3 * rng.random((B, Hq)) - 1).astype(np.float32)
+    run_and_compare("s_sinks_per_batch_window", q, k, v,
+                    attention(q, k, v, causal="top-left", window=(0, 0), sinks=per_batch), 1e-5,
+                    ["--sinks", save("s_sinks_b.npy", per_batch), "--causal", "top-left", "--window-left", 0,
+                     "--window-right", 0], weights=True, lse=True)
+    q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+    run_and_compare("s_sinks_float64", q64, k64, v64, attention(q64, k64, v64, sinks=sinks.astype(np.float64)), 1e-10,
+                    ["--sinks", save("s_sinks64.npy", sinks.astype(np.float64))], lse=True)
+
+
 def check_softcap(rng):
     # Scores of a few hundred, so that the cap matters.
     B, H, L, S, E = 1, 3, 6, 10, 16
@@ -571,6 +597,8 @@ def check_issue7_errors(rng):
          "--alibi-slopes"),
         ("alibi_slopes_float16", [*dense, "--alibi-slopes", save("y_slopes16.npy", np.ones(Hq, np.float16))],
          "--alibi-slopes"),
+        ("sinks_wrong_heads", [*dense, "--sinks", save("y_sinks3.npy", np.ones(3, np.float32))], "--sinks"),
+        ("sinks_beyond_float32", [*dense, "--sinks", save("y_sinks_big.npy", np.full(Hq, 1e39))], "--sinks"),
         ("cu_seqlens_q_not_ending_at_total", [*files, "--cu-seqlens-q", "0,2,5", "--cu-seqlens-k", "0,3,6"],
          "--cu-seqlens-q"),
         ("cu_seqlens_k_decreasing", [*files, "--cu-seqlens-q", "0,2,4,6", "--cu-seqlens-k", "0,4,3,6"],
@@ -610,7 +638,7 @@ def check_option_errors_name_the_flag(rng):
 
 def check_run_help_documents_issue7_flags():
     proc = sdpa("run", "--help")
-    flags = ["--window-left", "--window-right", "--alignment", "--softcap", "--alibi-slopes", "--cu-seqlens-q",
+    flags = ["--window-left", "--window-right", "--alignment", "--softcap", "--alibi-slopes", "--sinks", "--cu-seqlens-q",
              "--cu-seqlens-k", "--block-table", "--seq-lens"]
     missing = [f for f in flags if f not in proc.stdout]
     report("run_help_issue7_flags", proc.returncode == 0 and not missing, f"missing {missing}" if missing else "")
@@ -660,6 +688,7 @@ CHECKS = [
     check_sliding_window,
     check_huge_window_is_unbounded,
     check_alibi,
+    check_sinks,
     check_softcap,
     check_varlen,
     check_paged,
