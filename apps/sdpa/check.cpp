@@ -397,16 +397,16 @@ CaseResult run_case(Random& rng, const CaseConfig& c, bool check_backward) {
     // ALiBi's geometric slopes 2^(−8h/Hq) scaled by a random factor, so that the bias
     // is large against the scores in some cases and small in others.
     PerHead per_head{Tensor(DType::float32, c.alibi_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq}),
-                   Tensor(DType::float32, c.sinks_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq})};
+                     Tensor(DType::float32, c.sinks_per_batch ? Shape{c.B, c.Hq} : Shape{c.Hq})};
     for (std::int64_t n = 0; n < per_head.slopes.numel(); ++n)
       per_head.slopes.set(
           n, std::exp2(-8.0 * static_cast<double>(n % c.Hq + 1) / static_cast<double>(c.Hq)) * 4.0 * rng.uniform());
     // Sink logits in [−2, 4]: from a small share of a row to most of it.
     for (std::int64_t n = 0; n < per_head.sinks.numel(); ++n) per_head.sinks.set(n, -2.0 + 6.0 * rng.uniform());
 
-    const ForwardResult got = forward(
-        q.view, k.view, v.view, make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, per_head),
-        returns);
+    const ForwardResult got =
+        forward(q.view, k.view, v.view,
+                make_options(c, Backend::cpu, mask ? std::optional(mask->view) : std::nullopt, per_head), returns);
     // The oracle's weights always: the low-precision tolerance is measured from them.
     const ForwardResult want =
         forward(q.oracle.view(), k.oracle.view(), v.oracle.view(),

@@ -33,8 +33,8 @@ struct ForwardOutputs {
 
 // Computes attention into caller buffers. Validates everything first and throws
 // sdpa::Error naming the argument at fault; on error nothing has been written.
-void forward(const TensorView& query, const TensorView& key, const TensorView& value,
-             const ForwardOutputs& outputs, const Options& options = {});
+void forward(const TensorView& query, const TensorView& key, const TensorView& value, const ForwardOutputs& outputs,
+             const Options& options = {});
 
 // What the allocating forward() returns. `weights` and `lse` are empty tensors unless
 // asked for.
@@ -51,9 +51,8 @@ struct Returns {
 };
 
 // Allocating form: returns packed tensors.
-ForwardResult forward(const TensorView& query, const TensorView& key,
-                      const TensorView& value, const Options& options = {},
-                      Returns returns = {});
+ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                      const Options& options = {}, Returns returns = {});
 
 // ---- Backward ----------------------------------------------------------------------
 //
@@ -74,9 +73,9 @@ ForwardResult forward(const TensorView& query, const TensorView& key,
 // (∂lse_i/∂s_ij = P_ij). All read-only, any strides (stride 0 included).
 struct BackwardInputs {
   TensorView query, key, value;
-  TensorView output;       // (..., Hq, L, Ev), dtype of the query
-  TensorView lse;          // (..., Hq, L)
-  TensorView grad_output;  // (..., Hq, L, Ev), dtype of the query
+  TensorView output;                                  // (..., Hq, L, Ev), dtype of the query
+  TensorView lse;                                     // (..., Hq, L)
+  TensorView grad_output;                             // (..., Hq, L, Ev), dtype of the query
   std::optional<TensorView> grad_lse = std::nullopt;  // (..., Hq, L), dtype of lse
 };
 

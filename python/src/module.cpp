@@ -140,8 +140,9 @@ void remember(const void* query, const void* key, const void* value, const sdpa:
 }
 
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-             const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output, const std::optional<Output>& weights,
-             const std::optional<Output>& lse, const sdpa::Options& call_options, const std::string& mask_name) {
+             const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
+             const std::optional<Output>& weights, const std::optional<Output>& lse, const sdpa::Options& call_options,
+             const std::string& mask_name) {
   sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
@@ -163,9 +164,10 @@ void forward(const Input& query, const Input& key, const Input& value, const std
 // The gradients of one forward call (sdpa::backward) into buffers the Python side
 // allocated: what sdpa's torch autograd (sdpa/_autograd.py) calls.
 void backward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
-              const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Input& output, const Input& lse, const Input& grad_output,
-              const std::optional<Input>& grad_lse, const Output& grad_query, const Output& grad_key,
-              const Output& grad_value, const std::optional<Output>& grad_mask, const std::optional<Output>& grad_sinks,
+              const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Input& output,
+              const Input& lse, const Input& grad_output, const std::optional<Input>& grad_lse,
+              const Output& grad_query, const Output& grad_key, const Output& grad_value,
+              const std::optional<Output>& grad_mask, const std::optional<Output>& grad_sinks,
               const sdpa::Options& call_options, const std::string& mask_name) {
   sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   sdpa::BackwardInputs inputs{view_of(query, "query"),   view_of(key, "key"), view_of(value, "value"),
@@ -188,8 +190,9 @@ void backward(const Input& query, const Input& key, const Input& value, const st
 // library's (H, total, E) form; the Python side passes FlashAttention's (total, H, E)
 // buffers as transposed views, so nothing is copied.
 void forward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                    const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
-                    const std::optional<Output>& lse, const sdpa::Options& call_options) {
+                    const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes,
+                    const std::optional<Input>& sinks, const Output& output, const std::optional<Output>& lse,
+                    const sdpa::Options& call_options) {
   const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
@@ -207,10 +210,11 @@ void forward_varlen(const Input& query, const Input& key, const Input& value, co
 }
 
 void backward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
-                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Input& output,
-                     const Input& lse, const Input& grad_output, const std::optional<Input>& grad_lse,
-                     const Output& grad_query, const Output& grad_key, const Output& grad_value,
-                     const std::optional<Output>& grad_sinks, const sdpa::Options& call_options) {
+                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes,
+                     const std::optional<Input>& sinks, const Input& output, const Input& lse, const Input& grad_output,
+                     const std::optional<Input>& grad_lse, const Output& grad_query, const Output& grad_key,
+                     const Output& grad_value, const std::optional<Output>& grad_sinks,
+                     const sdpa::Options& call_options) {
   const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
@@ -231,8 +235,8 @@ void backward_varlen(const Input& query, const Input& key, const Input& value, c
 // Attention against a paged KV cache (sdpa::forward_paged). The pages arrive as
 // (pages, Hkv, page_size, E) views; FlashInfer's NHD buffers are passed transposed.
 void forward_paged(const Input& query, const Input& key_pages, const Input& value_pages, const Input& block_table,
-                   const Input& seq_lens, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
-                   const std::optional<Output>& lse, const sdpa::Options& call_options) {
+                   const Input& seq_lens, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks,
+                   const Output& output, const std::optional<Output>& lse, const sdpa::Options& call_options) {
   const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
   sdpa::PagedKV cache;
   cache.key_pages = view_of(key_pages, "key_pages");
@@ -275,20 +279,20 @@ NB_MODULE(_core, m) {
   // never into a temporary.
   const auto in = [](const char* name) { return nb::arg(name).noconvert(); };
   const auto maybe = [](const char* name) { return nb::arg(name).noconvert().none(); };
-  m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"), in("output"),
-        maybe("weights"), maybe("lse"), nb::arg("options"), nb::arg("mask_name") = "mask",
+  m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"),
+        in("output"), maybe("weights"), maybe("lse"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Computes attention into the given output buffers (see sdpa.attention).");
-  m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"), in("output"),
-        in("lse"), in("grad_output"), maybe("grad_lse"), in("grad_query"), in("grad_key"), in("grad_value"),
-        maybe("grad_mask"), maybe("grad_sinks"), nb::arg("options"), nb::arg("mask_name") = "mask",
+  m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"),
+        maybe("sinks"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"), in("grad_query"), in("grad_key"),
+        in("grad_value"), maybe("grad_mask"), maybe("grad_sinks"), nb::arg("options"), nb::arg("mask_name") = "mask",
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_varlen", &forward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"), in("cu_seqlens_k"),
         maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),
         "Packed variable-length attention, tensors (H, total, E), into the given buffers (see "
         "sdpa.varlen_attention).");
   m.def("backward_varlen", &backward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"),
-        in("cu_seqlens_k"), maybe("alibi_slopes"), maybe("sinks"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"),
-        in("grad_query"), in("grad_key"), in("grad_value"), maybe("grad_sinks"), nb::arg("options"),
+        in("cu_seqlens_k"), maybe("alibi_slopes"), maybe("sinks"), in("output"), in("lse"), in("grad_output"),
+        maybe("grad_lse"), in("grad_query"), in("grad_key"), in("grad_value"), maybe("grad_sinks"), nb::arg("options"),
         "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_paged", &forward_paged, in("query"), in("key_pages"), in("value_pages"), in("block_table"),
         in("seq_lens"), maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),

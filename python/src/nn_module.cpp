@@ -103,12 +103,14 @@ sdpa::DType layer_dtype(const std::string& name) {
   throw nb::type_error(("dtype: expected 'float32' or 'float64', got '" + name + "'").c_str());
 }
 
-sdpa::nn::MultiHeadAttentionConfig make_config(
-    std::int64_t embed_dim, std::int64_t num_heads, std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim,
-    std::int64_t vdim, bool bias, double dropout, std::optional<double> rope_base, const std::string& rope_layout,
-    std::int64_t rotary_dim, const std::string& dtype, const std::string& init, std::uint64_t seed,
-    std::int64_t window_left, std::int64_t window_right, const std::vector<double>& alibi_slopes, double softcap,
-    const std::vector<double>& sinks) {
+sdpa::nn::MultiHeadAttentionConfig make_config(std::int64_t embed_dim, std::int64_t num_heads,
+                                               std::int64_t num_kv_heads, std::int64_t head_dim, std::int64_t kdim,
+                                               std::int64_t vdim, bool bias, double dropout,
+                                               std::optional<double> rope_base, const std::string& rope_layout,
+                                               std::int64_t rotary_dim, const std::string& dtype,
+                                               const std::string& init, std::uint64_t seed, std::int64_t window_left,
+                                               std::int64_t window_right, const std::vector<double>& alibi_slopes,
+                                               double softcap, const std::vector<double>& sinks) {
   sdpa::nn::MultiHeadAttentionConfig c;
   c.embed_dim = embed_dim;
   c.num_heads = num_heads;

@@ -170,7 +170,8 @@ void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequen
   const std::vector<detail::SequenceBackward> calls =
       detail::make_varlen_backward_problems(inputs, sequences, outputs, options);
   // Sequence b is query matrices b · Hq + h of the sinks' gradient.
-  std::vector<double> sink_gradients(outputs.grad_sinks ? calls.size() * static_cast<std::size_t>(inputs.query.shape[0]) : 0);
+  std::vector<double> sink_gradients(outputs.grad_sinks ? calls.size() * static_cast<std::size_t>(inputs.query.shape[0])
+                                                        : 0);
   for (std::size_t b = 0; b < calls.size(); ++b) {
     run(calls[b].problem, calls[b].gradients, options.backend);
     if (outputs.grad_sinks)

@@ -83,8 +83,7 @@ void check_options(const Options& options, DType query_dtype) {
   }
 }
 
-void check_per_head_options(const Options& options, const Shape& batch_shape, std::int64_t heads_q,
-                            DType query_dtype) {
+void check_per_head_options(const Options& options, const Shape& batch_shape, std::int64_t heads_q, DType query_dtype) {
   if (options.alibi_slopes) check_per_head(*options.alibi_slopes, "alibi_slopes", batch_shape, heads_q);
   if (options.sinks) {
     // Any logit (−inf: no sink; NaN and +inf make the row NaN, as in a softmax), as long

@@ -19,8 +19,7 @@ void check_options(const Options& options, DType query_dtype);
 
 // The per-head tensors, ALiBi slopes and sinks: float32 or float64, shape (Hq,) or
 // (batch..., Hq); each sink representable in the compute dtype of `query_dtype`.
-void check_per_head_options(const Options& options, const Shape& batch_shape, std::int64_t heads_q,
-                            DType query_dtype);
+void check_per_head_options(const Options& options, const Shape& batch_shape, std::int64_t heads_q, DType query_dtype);
 // Their spans, for the overlap checks of the outputs.
 std::vector<Span> per_head_spans(const Options& options);
 

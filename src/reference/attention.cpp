@@ -47,7 +47,8 @@ void reference_forward(const Problem& p) {
           weights[static_cast<std::size_t>(j)] = w;
         }
         if (p.weights.present())
-          for (std::int64_t j = 0; j < p.S; ++j) p.weights.store<double>(qm, i, j, weights[static_cast<std::size_t>(j)]);
+          for (std::int64_t j = 0; j < p.S; ++j)
+            p.weights.store<double>(qm, i, j, weights[static_cast<std::size_t>(j)]);
 
         // (5) output = weights · V (0 for a fully masked row, whatever V holds).
         for (std::int64_t c = 0; c < p.Ev; ++c) {

@@ -53,7 +53,9 @@ void reference_backward(const BackwardProblem& p) {
         const auto [row_max, sum, fully_masked] = softmax_normaliser(scores, p.sink(qm));
         for (std::size_t j = 0; j < S; ++j) {
           probs[j] = fully_masked ? 0.0 : std::exp(scores[j] - row_max) / sum;
-          keep[j] = p.dropout_p > 0.0 ? (dropout.keep(p.first_batch + b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0) : 1.0;
+          keep[j] = p.dropout_p > 0.0
+                        ? (dropout.keep(p.first_batch + b, h, i, static_cast<std::int64_t>(j)) ? keep_scale : 0.0)
+                        : 1.0;
         }
 
         // dW_j = dO_i · v_j,  dP_j = dW_j Z_j,  D = Σ_j P_j dP_j.

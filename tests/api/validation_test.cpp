@@ -222,8 +222,8 @@ TEST(Validation, OverlappingOutputs) {
 TEST(Validation, EmptyOutputWithZeroStridesIsAccepted) {
   float q[1], k[2], v[2], o[1];
   const ForwardOutputs outputs{{o, DType::float32, {0, 2}, {0, 0}}, std::nullopt, std::nullopt};
-  EXPECT_NO_THROW(forward({q, DType::float32, {0, 2}, {}}, {k, DType::float32, {1, 2}, {}}, {v, DType::float32, {1, 2}, {}},
-                          outputs));
+  EXPECT_NO_THROW(forward({q, DType::float32, {0, 2}, {}}, {k, DType::float32, {1, 2}, {}},
+                          {v, DType::float32, {1, 2}, {}}, outputs));
 }
 
 TEST(Validation, StridesMustMatchRank) {

@@ -110,8 +110,8 @@ const VarlenOptions kVarlenOptions[] = {
     {"causal bottom-right", Causal::bottom_right, std::nullopt, -1, -1, 0, 0},
     {"window bottom-right", Causal::none, std::nullopt, 4, 2, 0, 0},
     {"window top-left, alibi (Hq,), softcap, sinks (batch, Hq)", Causal::none, Alignment::top_left, 6, 20, 1, 5, 2},
-    {"causal bottom-right, window, alibi (batch, Hq), softcap, sinks (Hq,)", Causal::bottom_right, std::nullopt, 8,
-     -1, 2, 30, 1},
+    {"causal bottom-right, window, alibi (batch, Hq), softcap, sinks (Hq,)", Causal::bottom_right, std::nullopt, 8, -1,
+     2, 30, 1},
 };
 
 // The options of `vo`, with in.slopes and in.sinks (sized for the batch) when it uses them.

@@ -47,7 +47,7 @@ BackwardResult naive_softcap_gradients(const Tensor& q, const Tensor& k, const T
   const std::int64_t Hkv = k.shape()[1], S = k.shape()[2], Ev = v.shape()[3];
   auto r = [dtype](double x) { return round_to(dtype, x); };
   BackwardResult g{Tensor(DType::float64, q.shape()), Tensor(DType::float64, k.shape()),
-                   Tensor(DType::float64, v.shape()), Tensor()};
+                   Tensor(DType::float64, v.shape()), Tensor(), Tensor()};
   std::vector<float> dk(static_cast<std::size_t>(k.numel())), dv(static_cast<std::size_t>(v.numel()));
   std::vector<double> ds(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
   for (std::int64_t b = 0; b < B; ++b)

@@ -515,7 +515,7 @@ TEST(CpuBackward, PortableTiledKernelInFloat32MatchesOracle) {
   const BackwardInputs in{q.view(), k.view(), v.view(), fwd.output.view(), fwd.lse.view(), g.view()};
   const BackwardResult simd = backward(in, o, true);
   BackwardResult tiled{Tensor(DType::float32, q.shape()), Tensor(DType::float32, k.shape()),
-                       Tensor(DType::float32, v.shape()), Tensor(DType::float32, mask.shape())};
+                       Tensor(DType::float32, v.shape()), Tensor(DType::float32, mask.shape()), Tensor()};
   const TensorView qv = q.view(), kv = k.view(), vv = v.view();  // check_inputs keeps pointers to them
   const detail::CheckedInputs checked = detail::check_inputs(qv, kv, vv, o);
   detail::CheckedBackward call = detail::make_backward_problem(

@@ -220,41 +220,41 @@ TEST(CpuForwardModifiers, HugeWindowsEqualUnbounded) {
 TEST(CpuForwardModifiers, EmptyShapesWithEveryModifier) {
   for (Backend backend : {Backend::reference, Backend::cpu})
     for (bool with_sinks : {false, true})
-    for (const Shape& dims : {Shape{2, 0, 6}, Shape{2, 3, 0}, Shape{0, 3, 6}}) {  // B, L, S
-      SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend) << " B=" << dims[0]
-                                        << " L=" << dims[1] << " S=" << dims[2]);
-      std::mt19937_64 rng(18);
-      const Tensor q = random_tensor(DType::float32, {dims[0], 4, dims[1], 8}, rng),
-                   k = random_tensor(DType::float32, {dims[0], 2, dims[2], 8}, rng),
-                   v = random_tensor(DType::float32, {dims[0], 2, dims[2], 5}, rng),
-                   g = random_tensor(DType::float32, {dims[0], 4, dims[1], 5}, rng);
-      const Tensor slopes = alibi_slopes(DType::float32, {dims[0]}, 4, true);
-      Options o;
-      o.backend = backend;
-      o.window_left = 2, o.window_right = 1;
-      o.alibi_slopes = slopes.view();
-      o.softcap = 5;
-      const Tensor sinks = sink_logits(DType::float64, {}, 4, false);
-      if (with_sinks) o.sinks = sinks.view();
-      const ForwardResult r = forward(q.view(), k.view(), v.view(), o, Returns{true, true});
-      EXPECT_EQ(r.output.shape(), (Shape{dims[0], 4, dims[1], 5}));
-      EXPECT_EQ(r.weights.shape(), (Shape{dims[0], 4, dims[1], dims[2]}));
-      for (std::int64_t n = 0; n < r.output.numel(); ++n) EXPECT_EQ(r.output.get(n), 0.0);
-      for (std::int64_t n = 0; n < r.lse.numel(); ++n) {
-        if (with_sinks)
-          EXPECT_NEAR(r.lse.get(n), sinks.get(n / dims[1] % 4), 1e-6);
-        else
-          EXPECT_EQ(r.lse.get(n), -kInf);
+      for (const Shape& dims : {Shape{2, 0, 6}, Shape{2, 3, 0}, Shape{0, 3, 6}}) {  // B, L, S
+        SCOPED_TRACE(::testing::Message() << "backend " << static_cast<int>(backend) << " B=" << dims[0]
+                                          << " L=" << dims[1] << " S=" << dims[2]);
+        std::mt19937_64 rng(18);
+        const Tensor q = random_tensor(DType::float32, {dims[0], 4, dims[1], 8}, rng),
+                     k = random_tensor(DType::float32, {dims[0], 2, dims[2], 8}, rng),
+                     v = random_tensor(DType::float32, {dims[0], 2, dims[2], 5}, rng),
+                     g = random_tensor(DType::float32, {dims[0], 4, dims[1], 5}, rng);
+        const Tensor slopes = alibi_slopes(DType::float32, {dims[0]}, 4, true);
+        Options o;
+        o.backend = backend;
+        o.window_left = 2, o.window_right = 1;
+        o.alibi_slopes = slopes.view();
+        o.softcap = 5;
+        const Tensor sinks = sink_logits(DType::float64, {}, 4, false);
+        if (with_sinks) o.sinks = sinks.view();
+        const ForwardResult r = forward(q.view(), k.view(), v.view(), o, Returns{true, true});
+        EXPECT_EQ(r.output.shape(), (Shape{dims[0], 4, dims[1], 5}));
+        EXPECT_EQ(r.weights.shape(), (Shape{dims[0], 4, dims[1], dims[2]}));
+        for (std::int64_t n = 0; n < r.output.numel(); ++n) EXPECT_EQ(r.output.get(n), 0.0);
+        for (std::int64_t n = 0; n < r.lse.numel(); ++n) {
+          if (with_sinks)
+            EXPECT_NEAR(r.lse.get(n), sinks.get(n / dims[1] % 4), 1e-6);
+          else
+            EXPECT_EQ(r.lse.get(n), -kInf);
+        }
+        const BackwardResult grads = forward_backward(q.view(), k.view(), v.view(), g.view(), o);
+        EXPECT_EQ(grads.grad_query.shape(), q.shape());
+        EXPECT_EQ(grads.grad_key.shape(), k.shape());
+        for (std::int64_t n = 0; n < grads.grad_query.numel(); ++n) EXPECT_EQ(grads.grad_query.get(n), 0.0);
+        if (with_sinks) {
+          EXPECT_EQ(grads.grad_sinks.shape(), Shape{4});
+          for (std::int64_t n = 0; n < 4; ++n) EXPECT_EQ(grads.grad_sinks.get(n), 0.0);
+        }
       }
-      const BackwardResult grads = forward_backward(q.view(), k.view(), v.view(), g.view(), o);
-      EXPECT_EQ(grads.grad_query.shape(), q.shape());
-      EXPECT_EQ(grads.grad_key.shape(), k.shape());
-      for (std::int64_t n = 0; n < grads.grad_query.numel(); ++n) EXPECT_EQ(grads.grad_query.get(n), 0.0);
-      if (with_sinks) {
-        EXPECT_EQ(grads.grad_sinks.shape(), Shape{4});
-        for (std::int64_t n = 0; n < 4; ++n) EXPECT_EQ(grads.grad_sinks.get(n), 0.0);
-      }
-    }
 }
 // Same inputs and options: bitwise the same output, weights and lse for 1, 2, 3 threads.
 TEST(CpuForwardModifiers, BitwiseDeterministicAcrossThreadCounts) {

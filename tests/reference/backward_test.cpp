@@ -21,7 +21,6 @@ Options reference() {
   return o;
 }
 
-
 // GQA (2 query heads per KV head), L ≠ S, Ev ≠ E, a float mask broadcast over batch and
 // heads with a −inf entry, bottom-right causal and dropout: every path of the chain rule.
 FiniteDifferenceCase hostile_case(std::uint64_t seed, double dropout_p) {

@@ -39,8 +39,13 @@ template <class T>
 struct Scratch {
   std::vector<T> q, k, v, scores, acc, row_max, row_sum;
   explicit Scratch(const Problem& p)
-      : q(kQueryTile * p.E), k(kKeyTile * p.E), v(kKeyTile * p.Ev), scores(kQueryTile * kKeyTile),
-        acc(kQueryTile * p.Ev), row_max(kQueryTile), row_sum(kQueryTile) {}
+      : q(kQueryTile * p.E),
+        k(kKeyTile * p.E),
+        v(kKeyTile * p.Ev),
+        scores(kQueryTile * kKeyTile),
+        acc(kQueryTile * p.Ev),
+        row_max(kQueryTile),
+        row_sum(kQueryTile) {}
 };
 
 // Scores of query rows [i0, i0+rows) against keys [j0, j0+cols): scaled, softcapped,

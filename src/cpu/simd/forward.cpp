@@ -34,8 +34,8 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/simd/forward.cpp"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/aligned_allocator.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
 #include "cpu/simd/exp2-inl.h"
@@ -111,7 +111,8 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
   const std::int64_t width_even = odd ? width + 1 : width;
   std::fill(tile, tile + padded * width_even, std::uint16_t{0});
   for (std::int64_t c = 0; c < cols; ++c)
-    for (std::int64_t e = 0; e < width; ++e) tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
+    for (std::int64_t e = 0; e < width; ++e)
+      tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
   *stride = width_even;
   return tile;
 }
@@ -139,8 +140,8 @@ class Task {
 
   // The running states (m, l, Oᵀ) of those rows over keys [key_begin, key_end) only:
   // one split of a split-KV decode.
-  void Attend(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
-              std::int64_t key_begin, std::int64_t key_end) {
+  void Attend(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count, std::int64_t key_begin,
+              std::int64_t key_end) {
     SetRows(b, head_kv, row0, row_count);
     std::int64_t key_start = p_.S, key_limit = 0;
     for (std::int64_t g = 0; g < subtiles_; ++g) {
@@ -211,8 +212,8 @@ class Task {
       std::fill(qp, qp + pairs * 2 * s_.rows, std::uint16_t{0});
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t e = 0; e < p_.E; ++e)
-          std::memcpy(qp + (e / 2) * 2 * s_.rows + 2 * r + (e % 2),
-                      p_.query.address(t.rows[r].matrix, t.rows[r].i, e), 2);
+          std::memcpy(qp + (e / 2) * 2 * s_.rows + 2 * r + (e % 2), p_.query.address(t.rows[r].matrix, t.rows[r].i, e),
+                      2);
       return;
     }
     const float c = static_cast<float>(p_.scale * kLog2e);
@@ -364,9 +365,9 @@ class Task {
       for (std::int64_t d = 0; d < p_.Ev; ++d) out_row[d] = fully_masked ? 0.0f : t.ot[d * s_.rows + r] * inverse;
       StoreRow(p_.output, row.matrix, row.i, 0, p_.Ev, out_row);
       if (p_.lse.present())
-        p_.lse.store<double>(row.matrix, row.i, 0,
-                             fully_masked ? -std::numeric_limits<double>::infinity()
-                                          : t.m[r] * kLn2 + std::log(static_cast<double>(l)));
+        p_.lse.store<double>(
+            row.matrix, row.i, 0,
+            fully_masked ? -std::numeric_limits<double>::infinity() : t.m[r] * kLn2 + std::log(static_cast<double>(l)));
     }
   }
 
