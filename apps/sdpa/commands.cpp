@@ -229,9 +229,10 @@ int run_command(const RunArgs& args) {
                                         {args.block_table.has_value(), "--block-table"}})
         if (given) throw Error(ErrorKind::value, flag, "not accepted with --ring (each rank holds a slice of the sequence)");
 #ifdef SDPA_HAVE_MPI
-      std::optional<Tensor> slopes;
-      if (args.alibi_slopes) slopes = io::read_npy(*args.alibi_slopes);
-      ring_run(args, make_options(args, nullptr, slopes ? &*slopes : nullptr));
+      OptionTensors tensors;
+      if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
+      if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);  // refused by the ring call, naming --sinks
+      ring_run(args, make_options(args, tensors));
       return kExitOk;
 #else
       throw Error(ErrorKind::value, "--ring", "not available: this sdpa was built without MPI (scripts/setup.sh)");

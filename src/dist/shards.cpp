@@ -48,6 +48,9 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
     fail("sharding.query_length", "expected >= 0, got " + std::to_string(sharding.query_length));
   if (sharding.key_length < 0)
     fail("sharding.key_length", "expected >= 0, got " + std::to_string(sharding.key_length));
+  // Sinks would join every step's partial softmax and so count once per step in the
+  // merge; folding them once after the merge is not built yet.
+  if (options.sinks) fail("sinks", "not supported by ring attention yet (use sdpa::forward on one process)");
   call.options = options;
   call.options.mask.reset();
   const sdpa::detail::CheckedInputs in = sdpa::detail::check_inputs(query, key, value, call.options);

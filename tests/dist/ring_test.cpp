@@ -334,6 +334,24 @@ TEST(RingErrors, RanksDisagreeOnOptions) {
   }
 }
 
+// Sinks are refused (each step's partial softmax would count them once more), on every
+// rank, before any exchange.
+TEST(RingErrors, SinksAreRefused) {
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t L = 4 * N;
+  Tensor q(DType::float32, {2, L / N, 8}), k(DType::float32, {2, L / N, 8}), v(DType::float32, {2, L / N, 8});
+  Tensor out(DType::float32, {2, L / N, 8}), sinks(DType::float32, {2});
+  Options options;
+  options.sinks = sinks.view();
+  try {
+    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+            {L, L, Partition::zigzag}, options);
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "sinks") << e.what();
+  }
+}
+
 TEST(RingErrors, ReferenceBackward) {
   const int N = comm_size(), r = comm_rank();
   const std::int64_t L = 4 * N;
