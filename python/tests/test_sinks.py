@@ -191,3 +191,14 @@ def test_bad_sinks_are_refused_naming_them(sinks, error, message):
     q, k, v, _ = _inputs(torch.float32)
     with pytest.raises(error, match=message):
         sdpa.attention(q, k, v, sinks=sinks)
+
+
+def test_sinks_that_require_grad_under_no_grad_are_read_in_place():
+    q, k, v, sinks = _inputs(torch.float32, seed=9)
+    learned = leaf(sinks)
+    with torch.no_grad():
+        out = sdpa.attention(q, k, v, sinks=learned)
+        varlen = sdpa.varlen_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                       [0, 6], [0, 9], sinks=learned)
+    assert torch.equal(out, sdpa.attention(q, k, v, sinks=sinks))
+    assert torch.equal(varlen, out[0].transpose(0, 1))
