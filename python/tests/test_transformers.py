@@ -33,6 +33,10 @@ CAUSAL_MODELS = {
     # Softcapping on every layer; sliding-window and full layers alternate.
     "gemma2": lambda: transformers.Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
                                                 attn_logit_softcapping=2.0, final_logit_softcapping=None),
+    # Attention sinks on every layer (made large enough to matter in twins()); sliding and
+    # full layers alternate; a small mixture of experts.
+    "gpt_oss": lambda: transformers.GptOssConfig(**{**SMALL, "intermediate_size": 32}, head_dim=16,
+                                                 sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2),
 }
 
 
@@ -61,6 +65,10 @@ def spy(monkeypatch):
 def twins(config, auto=transformers.AutoModelForCausalLM):
     """The same random model twice: on eager attention and on sdpa."""
     eager = auto.from_config(copy.deepcopy(config), attn_implementation="eager")
+    with torch.no_grad():
+        for name, parameter in eager.named_parameters():
+            if name.endswith(".sinks"):  # gpt-oss initialises them near 0, where they change little
+                parameter.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3))
     ours = auto.from_config(copy.deepcopy(config), attn_implementation=NAME)
     ours.load_state_dict(eager.state_dict())
     assert ours.config._attn_implementation == NAME
@@ -122,7 +130,7 @@ def test_logits_equal_eager(model, padded, spy):
     assert_close_float32(actual[real], expected[real], f"{model} logits")
 
 
-@pytest.mark.parametrize("model", ["llama", "gemma2"])
+@pytest.mark.parametrize("model", ["llama", "gemma2", "gpt_oss"])
 def test_bfloat16_logits_within_bfloat16s_tolerance(model, spy):
     """bfloat16 weights and activations (sdpa's bfloat16 kernel), by DESIGN.md §4's rule:
     at most twice as far from the float32 model as eager attention in bfloat16 is."""
@@ -181,6 +189,18 @@ def test_softcap_reaches_sdpa(spy):
         ours(ids, attention_mask=mask)
     assert [c["softcap"] for c in spy.calls] == [2.0] * layers(ours)
     # Gemma 2 alternates sliding (first) and full layers.
+    assert [c["window_size"] for c in spy.calls] == [(WINDOW - 1, 0), None]
+
+
+def test_sinks_reach_sdpa_and_get_their_gradient(spy):
+    """gpt-oss' s_aux is sdpa's sinks, the layer's own parameter: the training step above
+    compares its gradient with eager's."""
+    eager, ours = twins(CAUSAL_MODELS["gpt_oss"]())
+    ids, mask = prompt(padded=False)
+    ours(ids, attention_mask=mask).logits.sum().backward()
+    sinks = [layer.self_attn.sinks for layer in ours.model.layers]
+    assert len(spy.calls) == len(sinks) and all(c["sinks"] is s for c, s in zip(spy.calls, sinks))
+    assert all(s.grad is not None and s.grad.abs().max() > 0 for s in sinks)
     assert [c["window_size"] for c in spy.calls] == [(WINDOW - 1, 0), None]
 
 

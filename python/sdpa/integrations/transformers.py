@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 import transformers
 from transformers.masking_utils import sdpa_mask
 
@@ -81,7 +82,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if softcap is not None:
         options["softcap"] = float(softcap)
     if s_aux is not None:
-        options["sinks"] = s_aux
+        # sdpa's sinks are float32 or float64; a half-precision model's are widened (a
+        # differentiable cast: the gradient returns in the parameter's dtype).
+        options["sinks"] = s_aux if s_aux.dtype in (torch.float32, torch.float64) else s_aux.float()
     output = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=float(dropout),
                                           is_causal=causal, scale=scaling, enable_gqa=True, **options)
     return output.transpose(1, 2).contiguous(), None
