@@ -25,6 +25,6 @@ def test_ring_attention_under_mpirun(ranks, tmp_path):
     env.pop("SDPA_MIN_EXAMPLES", None)  # the inner runs check no hypothesis examples
     command = ["mpirun", "-np", str(ranks), "--oversubscribe", sys.executable, "-m", "pytest", "-q",
                "-p", "no:cacheprovider", "--rootdir", str(cases.parent), str(cases)]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("passed") == ranks, result.stdout[-2000:]  # every rank ran and passed
