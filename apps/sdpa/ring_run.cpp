@@ -22,6 +22,7 @@
 
 #include "dist/agreement.h"
 #include "io/npy.h"
+#include "io/output_files.h"
 #include "sdpa/distributed.h"
 
 namespace sdpa::cli {
@@ -139,8 +140,18 @@ void ring_run(const RunArgs& args, const Options& options) {
                                                     std::to_string(layout.shape.size()) + " array");
           return layout.shape[layout.shape.size() - 2];
         };
+        // The single-process run's checks of the output paths (not a directory, an existing
+        // folder, no file named twice), agreed on by every rank before any work.
+        io::OutputFiles outputs;
+        outputs.add("--out", args.out);
+        if (args.lse) outputs.add("--lse", *args.lse);
         L = length(args.query);
         S = length(args.key);
+        // V is read with K's rows: a longer or shorter value file must not be cut to fit.
+        if (const std::int64_t value_length = length(args.value); value_length != S)
+          throw Error(ErrorKind::value, args.value,
+                      "expected sequence length S = " + std::to_string(S) + " (the key's), got " +
+                          std::to_string(value_length));
         query = io::read_npy_rows(args.query, io_rows(distributed::shard_rows(L, ranks, rank, partition)), nullptr);
         key = io::read_npy_rows(args.key, io_rows(distributed::shard_rows(S, ranks, rank, partition)), nullptr);
         value = io::read_npy_rows(args.value, io_rows(distributed::shard_rows(S, ranks, rank, partition)), nullptr);

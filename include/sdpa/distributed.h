@@ -60,7 +60,8 @@ std::int64_t shard_length(std::int64_t length, int ranks, int rank, Partition pa
 // global indices, and dropout draws bitwise the single-process mask. Options as
 // sdpa::forward's, except: no weights, and the mask (when given) is a bool key-padding
 // mask, this rank's keys' flags, shape (..., 1, 1, Sr) or (Sr,) (true = the key takes
-// part); it travels with its K/V shard.
+// part); it travels with its K/V shard. Sinks are refused (an error naming `sinks`):
+// each step's partial softmax would count them again.
 //
 // Every rank validates its arguments, then all agree (one collective) before any ring
 // traffic: a bad shard on one rank raises sdpa::Error on every rank — never a hang.

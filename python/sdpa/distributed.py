@@ -94,8 +94,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_output, grad_lse):
-    # Collective: every rank's backward runs (autograd reaches this op on every rank of a
-    # data-parallel-free loss that used the output), even where the loss ignores the output.
+    # Collective: every rank must reach it, so every rank's loss must depend on its ring
+    # output or lse (a rank whose loss ignores them never runs this, and the others wait).
     query, key, value, mask, alibi_slopes, out, lse = ctx.saved_tensors
     if grad_output is None:
         grad_output = torch.zeros_like(out)

@@ -84,6 +84,7 @@ void add_sink_gradients(const detail::BackwardProblem& p, double* per_matrix) {
 // grad_sinks from the per-query-matrix sums: (Hq,) sums over the batch, in batch order;
 // (batch..., Hq) is one entry per query matrix, in the same row-major order.
 void store_sink_gradients(const std::vector<double>& per_matrix, const TensorView& grad_sinks) {
+  if (grad_sinks.numel() == 0) return;  // no heads (Hq = 0) or no batch: nothing to store
   const std::int64_t heads_q = grad_sinks.shape.back();
   const std::int64_t batch = static_cast<std::int64_t>(per_matrix.size()) / heads_q;
   auto* out = static_cast<std::byte*>(grad_sinks.data);

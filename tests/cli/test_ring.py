@@ -80,3 +80,29 @@ def test_flags_that_need_the_whole_sequence_are_refused(tmp_path):
     assert ring.returncode == 2
     assert "--weights: not accepted with --ring" in ring.stderr
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_a_value_file_longer_than_the_keys_is_refused_not_cut(tmp_path):
+    # V is read with K's rows: without its own length check a longer value file would be
+    # cut to fit, where the single-process run refuses it.
+    write_inputs(tmp_path, np.float64, 8, 8)
+    np.save(tmp_path / "v_long.npy", np.zeros((2, 2, 9, 8)))
+    ring = run(["run", "--ring", "-q", "q.npy", "-k", "k.npy", "-v", "v_long.npy", "-o", "out.npy"], ranks=2,
+               cwd=tmp_path)
+    assert ring.returncode == 2, ring.stdout + ring.stderr
+    assert "v_long.npy: expected sequence length S = 8 (the key's), got 9" in ring.stderr
+    assert not (tmp_path / "out.npy").exists()
+
+
+@pytest.mark.parametrize("outputs, flag", [(["-o", "same.npy", "--lse", "same.npy"], "--lse"),
+                                           (["-o", "folder"], "--out"),
+                                           (["-o", "missing/out.npy"], "--out")])
+def test_bad_output_paths_are_refused_before_any_work(tmp_path, outputs, flag):
+    # The single-process run's checks: the lse must not silently replace the output.
+    write_inputs(tmp_path, np.float64, 8, 8)
+    (tmp_path / "folder").mkdir()
+    ring = run(["run", "--ring", "-q", "q.npy", "-k", "k.npy", "-v", "v.npy"] + outputs, ranks=2, cwd=tmp_path)
+    assert ring.returncode == 2, ring.stdout + ring.stderr
+    assert f"{flag}" in ring.stderr
+    assert not (tmp_path / "same.npy").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

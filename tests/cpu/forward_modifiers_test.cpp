@@ -256,6 +256,21 @@ TEST(CpuForwardModifiers, EmptyShapesWithEveryModifier) {
         }
       }
 }
+// No query heads (Hq = 0 is a multiple of any Hkv) with sinks of shape (0,): empty results
+// and an empty sinks' gradient, not a division by the head count.
+TEST(CpuForwardModifiers, ZeroQueryHeadsWithSinks) {
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    const Tensor q(DType::float32, {2, 0, 3, 8}), k(DType::float32, {2, 1, 5, 8}), v(DType::float32, {2, 1, 5, 4}),
+        g(DType::float32, {2, 0, 3, 4}), sinks(DType::float32, {0});
+    Options o;
+    o.backend = backend;
+    o.sinks = sinks.view();
+    const BackwardResult grads = forward_backward(q.view(), k.view(), v.view(), g.view(), o);
+    EXPECT_EQ(grads.grad_sinks.shape(), Shape{0});
+    EXPECT_EQ(grads.grad_key.shape(), k.shape());
+  }
+}
+
 // Same inputs and options: bitwise the same output, weights and lse for 1, 2, 3 threads.
 TEST(CpuForwardModifiers, BitwiseDeterministicAcrossThreadCounts) {
   for (DType dtype : {DType::float32, DType::bfloat16}) {
