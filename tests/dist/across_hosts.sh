@@ -39,6 +39,9 @@ chmod +x "$work/netns_rsh"
 printf '%s slots=1\n%s slots=1\n' "$ip_a" "$ip_b" > "$work/hosts"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# The sanitizer build's ASAN_OPTIONS (tests/dist/CMakeLists.txt) reach the remote ranks too.
+forward=(-x OMP_NUM_THREADS)
+[[ -n ${ASAN_OPTIONS:-} ]] && forward+=(-x ASAN_OPTIONS)
 timeout 300 ip netns exec "$a" mpirun -np 2 --hostfile "$work/hosts" \
   --mca plm_rsh_agent "$work/netns_rsh" --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
-  --mca oob_tcp_if_include 10.77.0.0/24 -x OMP_NUM_THREADS "${program[@]}"
+  --mca oob_tcp_if_include 10.77.0.0/24 "${forward[@]}" "${program[@]}"
