@@ -99,6 +99,21 @@ void store_sink_gradients(const std::vector<double>& per_matrix, const TensorVie
   });
 }
 
+// The allocating forms' buffers: dQ, dK, dV shaped as Q, K, V in the query's dtype, and
+// the sinks' gradient when there are sinks (their shape and dtype), held by `result`.
+BackwardOutputs allocate_gradients(const BackwardInputs& inputs, const Options& options, BackwardResult& result) {
+  const DType dtype = inputs.query.dtype;
+  result.grad_query = Tensor(dtype, inputs.query.shape);
+  result.grad_key = Tensor(dtype, inputs.key.shape);
+  result.grad_value = Tensor(dtype, inputs.value.shape);
+  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view()};
+  if (options.sinks) {
+    result.grad_sinks = Tensor(options.sinks->dtype, options.sinks->shape);
+    outputs.grad_sinks = result.grad_sinks.view();
+  }
+  return outputs;
+}
+
 // Gradients of one problem into `outputs`: all zero when there are no rows or no keys.
 void run(const detail::BackwardProblem& problem, const BackwardOutputs& outputs, Backend backend) {
   if (problem.batch * problem.heads_q * problem.L == 0 || problem.S == 0) {
@@ -146,19 +161,11 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
 BackwardResult backward(const BackwardInputs& inputs, const Options& options, bool mask_gradient) {
   detail::check_inputs(inputs.query, inputs.key, inputs.value, options);  // before sizing anything by them
   BackwardResult result;
-  const DType dtype = inputs.query.dtype;
-  result.grad_query = Tensor(dtype, inputs.query.shape);
-  result.grad_key = Tensor(dtype, inputs.key.shape);
-  result.grad_value = Tensor(dtype, inputs.value.shape);
-  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view()};
-  if (options.sinks) {
-    result.grad_sinks = Tensor(options.sinks->dtype, options.sinks->shape);
-    outputs.grad_sinks = result.grad_sinks.view();
-  }
+  BackwardOutputs outputs = allocate_gradients(inputs, options, result);
   if (mask_gradient) {
     // A missing or bool mask is reported by the checks below, naming grad_mask.
     const bool float_mask = options.mask && options.mask->dtype != DType::boolean;
-    result.grad_mask = Tensor(float_mask ? options.mask->dtype : dtype,
+    result.grad_mask = Tensor(float_mask ? options.mask->dtype : inputs.query.dtype,
                               float_mask ? options.mask->shape : std::vector<std::int64_t>{0});
     outputs.grad_mask = result.grad_mask.view();
   }
@@ -184,16 +191,7 @@ void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequen
 BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const Options& options) {
   detail::check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);  // before sizing by them
   BackwardResult result;
-  const DType dtype = inputs.query.dtype;
-  result.grad_query = Tensor(dtype, inputs.query.shape);
-  result.grad_key = Tensor(dtype, inputs.key.shape);
-  result.grad_value = Tensor(dtype, inputs.value.shape);
-  BackwardOutputs outputs{result.grad_query.view(), result.grad_key.view(), result.grad_value.view()};
-  if (options.sinks) {
-    result.grad_sinks = Tensor(options.sinks->dtype, options.sinks->shape);
-    outputs.grad_sinks = result.grad_sinks.view();
-  }
-  backward_varlen(inputs, sequences, outputs, options);
+  backward_varlen(inputs, sequences, allocate_gradients(inputs, options, result), options);
   return result;
 }
 

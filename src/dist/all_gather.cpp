@@ -16,7 +16,8 @@ GatheredKv gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own)
         kv_layout(call, shard_length(call.sharding.key_length, call.ranks, k, call.sharding.partition), false).total();
     // MPI counts are int: past 2 GiB the ring, which sends one shard at a time, is the way.
     if (total + bytes > static_cast<std::size_t>(INT_MAX))
-      sdpa::detail::fail("sharding.exchange", "expected all K/V shards within 2 GiB for all_gather, got more; use ring");
+      sdpa::detail::fail("sharding.exchange",
+                         "expected all K/V shards within 2 GiB for all_gather, got more; use ring");
     gathered.offset.push_back(total);
     counts[static_cast<std::size_t>(k)] = static_cast<int>(bytes);
     displacements[static_cast<std::size_t>(k)] = static_cast<int>(total);

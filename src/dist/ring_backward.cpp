@@ -27,18 +27,8 @@ namespace detail {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-// CPU time of the calling thread: what a rank's compute costs whatever else shares its core.
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 constexpr int kKeyValueTag = 7002, kGradientTag = 7003;
 std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
-
 
 template <class Acc>
 void add_into(Acc* into, const Acc* from, std::size_t count) {
@@ -93,12 +83,13 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
     all_grads.assign(total, Acc{0});
   }
 
-  Transfer kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag), grad_send[2]{Transfer(comm, kGradientTag), Transfer(comm, kGradientTag)};
+  Transfer kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag),
+      grad_send[2]{Transfer(comm, kGradientTag), Transfer(comm, kGradientTag)};
   for (int s = 0; s < N; ++s) {
     const int source = (r - s + N) % N;
     const std::int64_t S_source = keys_of(source);
-    std::byte* hand = gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)]
-                             : buffers[s % 2].data();
+    std::byte* hand =
+        gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)] : buffers[s % 2].data();
     if (!gather && s + 1 < N) {
       const int next_source = (r - s - 1 + N) % N;
       kv_exchange.start(hand, kv_layout(call, S_source, false).total(), (r + 1) % N, buffers[(s + 1) % 2].data(),
@@ -111,7 +102,8 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
     std::vector<Acc>& grads = step_grads[s % 2];
     grad_send[s % 2].wait();
     Acc* dk_acc = gather ? all_grads.data() + grad_offset[static_cast<std::size_t>(source)] : grads.data();
-    if (!gather) std::fill(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(gradient_floats(S_source)), Acc{0});
+    if (!gather)
+      std::fill(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(gradient_floats(S_source)), Acc{0});
     Acc* dv_acc = dk_acc + kv_matrices * S_source * E;
 
     const Clock::time_point compute_start = Clock::now();
@@ -124,8 +116,8 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
           if (kp.rows == 0 || !band.visible(qp.global + b0, rows, kp.global, kp.rows, sh.key_length)) continue;
           const std::int64_t row0 = qp.local + b0;
           sdpa::detail::BackwardProblem p;
-          static_cast<Problem&>(p) =
-              piece_problem(call, band, row_slice(in.query, row0, rows), qp.global + b0, kv, kp.local, kp.rows, kp.global);
+          static_cast<Problem&>(p) = piece_problem(call, band, row_slice(in.query, row0, rows), qp.global + b0, kv,
+                                                   kp.local, kp.rows, kp.global);
           const sdpa::detail::Shape& bs = call.batch_shape;
           p.output = sdpa::detail::make_operand(row_slice(in.output, row0, rows), bs, call.heads_q);
           p.grad_output = sdpa::detail::make_operand(row_slice(in.grad_output, row0, rows), bs, call.heads_q);
@@ -142,15 +134,16 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
           };
           p.lse = lse_rows(in.lse);
           if (in.grad_lse) p.grad_lse = lse_rows(*in.grad_lse);
-          p.grad_query = sdpa::detail::make_operand(packed_view(dq_part.data(), acc_dtype, bs, call.heads_q, rows, E), bs,
-                                                    call.heads_q);
+          p.grad_query = sdpa::detail::make_operand(packed_view(dq_part.data(), acc_dtype, bs, call.heads_q, rows, E),
+                                                    bs, call.heads_q);
           p.grad_key = sdpa::detail::make_operand(packed_view(dk_part.data(), acc_dtype, bs, call.heads_kv, kp.rows, E),
                                                   bs, call.heads_kv);
           p.grad_value = sdpa::detail::make_operand(
               packed_view(dv_part.data(), acc_dtype, bs, call.heads_kv, kp.rows, Ev), bs, call.heads_kv);
           if (p.batch * p.heads_q > 0) sdpa::detail::cpu_backward(p);
           for (std::int64_t m = 0; m < q_matrices; ++m)
-            add_into(dq.data() + (m * Lr + row0) * E, dq_part.data() + m * rows * E, static_cast<std::size_t>(rows * E));
+            add_into(dq.data() + (m * Lr + row0) * E, dq_part.data() + m * rows * E,
+                     static_cast<std::size_t>(rows * E));
           for (std::int64_t m = 0; m < kv_matrices; ++m) {
             add_into(dk_acc + (m * S_source + kp.local) * E, dk_part.data() + m * kp.rows * E,
                      static_cast<std::size_t>(kp.rows * E));
@@ -222,16 +215,15 @@ void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs
         // The oracle's backward recomputes each row's softmax from the keys it is given,
         // not from the lse: a piece of the keys would get its own softmax, not the whole's.
         if (options.backend == Backend::reference)
-          sdpa::detail::fail("options.backend", "expected automatic or cpu in a ring backward (the float64 oracle "
-                                                "recomputes the softmax from a piece's keys alone), got reference");
+          sdpa::detail::fail("options.backend",
+                             "expected automatic or cpu in a ring backward (the float64 oracle "
+                             "recomputes the softmax from a piece's keys alone), got reference");
         if (outputs.grad_mask)
-          sdpa::detail::fail("grad_mask", "expected none in a ring call (a key-padding mask has no gradient), got a buffer");
-        const DType lse_dtype = call.dtype == DType::float64 ? DType::float64 : DType::float32;
-        std::vector<sdpa::detail::Span> spans{sdpa::detail::check_view(inputs.query, "query"),
-                                              sdpa::detail::check_view(inputs.key, "key"),
-                                              sdpa::detail::check_view(inputs.value, "value")};
-        if (options.mask) spans.push_back(sdpa::detail::check_view(*options.mask, "mask"));
-        sdpa::detail::check_backward_reads(inputs, call.output_shape, call.lse_shape, call.dtype, lse_dtype, spans);
+          sdpa::detail::fail("grad_mask",
+                             "expected none in a ring call (a key-padding mask has no gradient), got a buffer");
+        std::vector<sdpa::detail::Span> spans = call.input_spans;
+        sdpa::detail::check_backward_reads(inputs, call.output_shape, call.lse_shape, call.dtype, call.lse_dtype,
+                                           spans);
         sdpa::detail::check_outputs({{&outputs.grad_query, "grad_query", &inputs.query.shape, call.dtype},
                                      {&outputs.grad_key, "grad_key", &inputs.key.shape, call.dtype},
                                      {&outputs.grad_value, "grad_value", &inputs.value.shape, call.dtype}},

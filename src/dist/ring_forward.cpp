@@ -35,15 +35,6 @@ RingStats& last_ring_stats() {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-// CPU time of the calling thread: what a rank's compute costs whatever else shares its core.
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 constexpr int kForwardTag = 7001;
 
 void run_problem(const Problem& p, Backend backend) {
@@ -95,8 +86,8 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
   for (int s = 0; s < N; ++s) {
     const int source = (r - s + N) % N;  // whose K/V is in hand
     const std::int64_t S_source = shard_length(call.sharding.key_length, N, source, call.sharding.partition);
-    std::byte* hand = gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)]
-                             : buffers[s % 2].data();
+    std::byte* hand =
+        gather ? gathered.bytes.data() + gathered.offset[static_cast<std::size_t>(source)] : buffers[s % 2].data();
     if (!gather && s + 1 < N) {
       const int next_source = (r - s - 1 + N) % N;
       const std::int64_t S_next = shard_length(call.sharding.key_length, N, next_source, call.sharding.partition);
@@ -145,7 +136,8 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
   const sdpa::detail::Operand out = sdpa::detail::make_operand(outputs.output, call.batch_shape, call.heads_q);
   for (std::int64_t m = 0; m < matrices; ++m)
     for (std::int64_t i = 0; i < Lr; ++i)
-      for (std::int64_t d = 0; d < Ev; ++d) out.store<Acc>(m, i, d, acc_out[static_cast<std::size_t>((m * Lr + i) * Ev + d)]);
+      for (std::int64_t d = 0; d < Ev; ++d)
+        out.store<Acc>(m, i, d, acc_out[static_cast<std::size_t>((m * Lr + i) * Ev + d)]);
   if (outputs.lse) {
     const sdpa::detail::Operand lse = sdpa::detail::lse_operand(*outputs.lse, call.batch_shape, call.heads_q);
     for (std::int64_t m = 0; m < matrices; ++m)
@@ -167,15 +159,11 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
       comm,
       [&] {
         call = check_shards(comm, query, key, value, sharding, options);
-        if (outputs.weights) sdpa::detail::fail("weights", "expected none in a ring call (they would be L × S), got a buffer");
-        const DType lse_dtype = call.dtype == DType::float64 ? DType::float64 : DType::float32;
+        if (outputs.weights)
+          sdpa::detail::fail("weights", "expected none in a ring call (they would be L × S), got a buffer");
         std::vector<sdpa::detail::ExpectedView> outs{{&outputs.output, "output", &call.output_shape, call.dtype}};
-        if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &call.lse_shape, lse_dtype});
-        std::vector<sdpa::detail::Span> spans{sdpa::detail::check_view(query, "query"),
-                                              sdpa::detail::check_view(key, "key"),
-                                              sdpa::detail::check_view(value, "value")};
-        if (options.mask) spans.push_back(sdpa::detail::check_view(*options.mask, "mask"));
-        sdpa::detail::check_outputs(outs, spans);
+        if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &call.lse_shape, call.lse_dtype});
+        sdpa::detail::check_outputs(outs, call.input_spans);
         return call.signature;
       },
       "sharding");

@@ -46,8 +46,7 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   call.sharding = sharding;
   if (sharding.query_length < 0)
     fail("sharding.query_length", "expected >= 0, got " + std::to_string(sharding.query_length));
-  if (sharding.key_length < 0)
-    fail("sharding.key_length", "expected >= 0, got " + std::to_string(sharding.key_length));
+  if (sharding.key_length < 0) fail("sharding.key_length", "expected >= 0, got " + std::to_string(sharding.key_length));
   // Sinks would join every step's partial softmax and so count once per step in the
   // merge; folding them once after the merge is not built yet.
   if (options.sinks) fail("sinks", "not supported by ring attention yet (use sdpa::forward on one process)");
@@ -61,6 +60,10 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   call.E = in.E;
   call.Ev = in.Ev;
   call.dtype = query.dtype;
+  call.lse_dtype = in.lse_dtype;
+  call.input_spans = sdpa::detail::per_head_spans(call.options);
+  for (const auto& [view, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}})
+    call.input_spans.push_back(sdpa::detail::check_view(*view, name));
   call.output_shape = in.output_shape;
   call.lse_shape = in.lse_shape;
   call.L_shard = shard_length(sharding.query_length, call.ranks, call.rank, sharding.partition);
@@ -80,7 +83,7 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
     if (mask.shape != Shape{call.S_shard} && mask.shape != per_batch)
       fail("mask", "expected a key-padding mask of shape (" + std::to_string(call.S_shard) + ",) or " +
                        shape_string(per_batch) + " (this rank's keys), got " + shape_string(mask.shape));
-    sdpa::detail::check_view(mask, "mask");
+    call.input_spans.push_back(sdpa::detail::check_view(mask, "mask"));
     call.key_padding = mask;
   }
 
@@ -88,14 +91,14 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   std::ostringstream s;
   s.precision(17);
   s << "dtype " << dtype_name(call.dtype) << ", batch " << shape_string(call.batch_shape) << ", Hq " << call.heads_q
-    << ", Hkv " << call.heads_kv << ", E " << call.E << ", Ev " << call.Ev << ", L " << sharding.query_length
-    << ", S " << sharding.key_length << ", " << partition_name(sharding.partition) << " over " << call.ranks
-    << (sharding.exchange == Exchange::all_gather ? " all-gather" : " ring")
-    << ", causal " << static_cast<int>(options.causal) << ", alignment "
+    << ", Hkv " << call.heads_kv << ", E " << call.E << ", Ev " << call.Ev << ", L " << sharding.query_length << ", S "
+    << sharding.key_length << ", " << partition_name(sharding.partition) << " over " << call.ranks
+    << (sharding.exchange == Exchange::all_gather ? " all-gather" : " ring") << ", causal "
+    << static_cast<int>(options.causal) << ", alignment "
     << (options.alignment ? static_cast<int>(*options.alignment) : -1) << ", window " << options.window_left << ' '
     << options.window_right << ", scale " << options.scale.value_or(0.0) << (options.scale ? "" : " (default)")
-    << ", softcap " << options.softcap << ", dropout " << options.dropout_p << " seed " << options.seed
-    << " offset " << options.offset << ", backend " << static_cast<int>(options.backend) << ", mask "
+    << ", softcap " << options.softcap << ", dropout " << options.dropout_p << " seed " << options.seed << " offset "
+    << options.offset << ", backend " << static_cast<int>(options.backend) << ", mask "
     << (options.mask ? "key padding" : "none") << ", alibi ";
   if (options.alibi_slopes) {
     Problem slopes;
@@ -188,8 +191,8 @@ KvViews kv_views(const ShardCall& call, std::int64_t rows, std::byte* buffer) {
   views.key = packed_view(buffer, call.dtype, call.batch_shape, call.heads_kv, rows, call.E);
   views.value = packed_view(buffer + layout.key_bytes, call.dtype, call.batch_shape, call.heads_kv, rows, call.Ev);
   if (call.key_padding)
-    views.mask = packed_view(buffer + layout.key_bytes + layout.value_bytes, DType::boolean, call.batch_shape, 1, 1,
-                             rows);
+    views.mask =
+        packed_view(buffer + layout.key_bytes + layout.value_bytes, DType::boolean, call.batch_shape, 1, 1, rows);
   return views;
 }
 

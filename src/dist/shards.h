@@ -34,7 +34,9 @@ struct ShardCall {
   std::int64_t L_shard = 0, S_shard = 0;
   Shape output_shape, lse_shape;  // of this rank's rows, as sdpa::forward's
   DType dtype = DType::float32;
-  Options options;  // the caller's, without the key-padding mask (it travels instead)
+  DType lse_dtype = DType::float32;             // float64 for float64
+  std::vector<sdpa::detail::Span> input_spans;  // query, key, value, the mask: no output may overlap them
+  Options options;                              // the caller's, without the key-padding mask (it travels instead)
   std::optional<TensorView> key_padding;
   std::string signature;  // what every rank must agree on
 };
