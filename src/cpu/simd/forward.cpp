@@ -43,6 +43,7 @@
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
 #include "cpu/simd/score_modifiers-inl.h"
+#include "cpu/simd/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -69,6 +70,7 @@ struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
+  hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -88,6 +90,7 @@ struct Scratch {
     v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
     alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
+    row_major = hwy::AllocateAligned<float>(rows * std::max(p.E, Ev));
     if (bf16_path) {
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
@@ -216,14 +219,14 @@ class Task {
                       2);
       return;
     }
-    const float c = static_cast<float>(p_.scale * kLog2e);
+    const auto E = static_cast<std::size_t>(p_.E);
+    float* q_rows = s_.row_major.get();  // zero past the subtile's rows: their lanes compute 0
+    for (std::int64_t r = 0; r < rows; ++r) LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
+    std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);
     float* qt = t.qt.get();
-    float* q_row = s_.row_buffer.get();
-    std::fill(qt, qt + p_.E * s_.rows, 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_row);
-      for (std::int64_t e = 0; e < p_.E; ++e) qt[e * s_.rows + r] = q_row[e] * c;
-    }
+    Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
+    const float c = static_cast<float>(p_.scale * kLog2e);
+    for (std::size_t x = 0; x < E * s_.rows; ++x) qt[x] *= c;
   }
 
   // K rows [j0, j0+cols), padded to whole key blocks.
@@ -356,13 +359,16 @@ class Task {
   }
 
   void StoreOutputs(const Subtile& t) {
-    float* out_row = s_.row_buffer.get();
+    float* out_rows = s_.row_major.get();
+    Transpose(t.ot.get(), s_.rows, static_cast<std::size_t>(p_.Ev), t.rows.size(), out_rows,
+              static_cast<std::size_t>(p_.Ev));
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
       const Row& row = t.rows[r];
       const float l = t.l[r];
       const bool fully_masked = l == 0.0f;  // no key contributed (NaN rows have l = NaN)
       const float inverse = fully_masked ? 0.0f : 1.0f / l;
-      for (std::int64_t d = 0; d < p_.Ev; ++d) out_row[d] = fully_masked ? 0.0f : t.ot[d * s_.rows + r] * inverse;
+      float* out_row = out_rows + r * p_.Ev;
+      for (std::int64_t d = 0; d < p_.Ev; ++d) out_row[d] = fully_masked ? 0.0f : out_row[d] * inverse;
       StoreRow(p_.output, row.matrix, row.i, 0, p_.Ev, out_row);
       if (p_.lse.present())
         p_.lse.store<double>(

@@ -88,6 +88,10 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
   };
   switch (op.dtype) {
     case DType::float32:
+      if (step == 4) {  // a contiguous row
+        std::memcpy(base, in, static_cast<std::size_t>(count) * 4);
+        return;
+      }
       each([](std::byte* p, float v) { std::memcpy(p, &v, 4); });
       return;
     case DType::float64:
