@@ -57,7 +57,8 @@ constexpr double kLn2 = 0.6931471805599453;
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
-// One tile of 2 vectors of query rows and its running state. A task holds several, so
+// One tile of 2 vectors of query rows (1 when decoding: see ForwardFloat32) and its
+// running state. A task holds several, so
 // that each K/V tile, once loaded into the cache, serves all of them (long sequences
 // would otherwise stream K and V from memory once per 32 queries).
 struct Subtile : RowSet {
@@ -65,7 +66,8 @@ struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;    // bfloat16 path: query pairs
 };
 
-// Per-thread scratch, 64-byte aligned. `rows` = 2 vectors of query rows per subtile.
+// Per-thread scratch, 64-byte aligned. `rows` = kVectors vectors of query rows per subtile.
+template <std::size_t kVectors>
 struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
@@ -74,7 +76,7 @@ struct Scratch {
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
-  Scratch(const Problem& p, bool bf16_path) : rows(2 * hn::Lanes(DF())) {
+  Scratch(const Problem& p, bool bf16_path) : rows(kVectors * hn::Lanes(DF())) {
     const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
     for (Subtile& t : sub) {
       t.qt = hwy::AllocateAligned<float>(p.E * rows);
@@ -121,7 +123,10 @@ const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64
 }
 
 // Floats in one subtile's split state (simd/lse_merge-inl.h).
-std::int64_t StateSize(const Problem& p) { return SplitStateFloats(2 * hn::Lanes(DF()), p.Ev); }
+template <std::size_t kVectors>
+std::int64_t StateSize(const Problem& p) {
+  return SplitStateFloats(kVectors * hn::Lanes(DF()), p.Ev);
+}
 
 // K (or V) of one key tile as the microkernels read it: float32 rows, or bfloat16 rows.
 struct KeyRows {
@@ -130,9 +135,10 @@ struct KeyRows {
   std::int64_t stride = 0;
 };
 
+template <std::size_t kVectors>
 class Task {
  public:
-  Task(const Problem& p, Scratch& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
+  Task(const Problem& p, Scratch<kVectors>& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
 
   // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
   // share KV head `head_kv` of batch `b`: all keys, then the outputs.
@@ -179,7 +185,7 @@ class Task {
   void MergeAndStore(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count,
                      const float* states, std::int64_t splits) {
     SetRows(b, head_kv, row0, row_count);
-    const std::int64_t state_size = StateSize(p_);
+    const std::int64_t state_size = StateSize<kVectors>(p_);
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
       MergeSplitStates(states + g * state_size, splits, kSubtiles * state_size, s_.rows, p_.Ev, t.m.get(), t.l.get(),
@@ -191,7 +197,7 @@ class Task {
 
   // Writes the states of the current rows: kSubtiles × StateSize() floats.
   void SaveState(float* state) const {
-    for (std::int64_t g = 0; g < subtiles_; ++g, state += StateSize(p_))
+    for (std::int64_t g = 0; g < subtiles_; ++g, state += StateSize<kVectors>(p_))
       SaveSplitState(s_.sub[g].m.get(), s_.sub[g].l.get(), s_.sub[g].ot.get(), s_.rows, p_.Ev, state);
   }
 
@@ -251,15 +257,15 @@ class Task {
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-        ScoreBlock(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
+        ScoreBlock<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
     }
     padded_cols_ = padded;
-    if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, 2, nullptr, 0);
+    if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, kVectors, nullptr, 0);
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
 
     bool any_visible = true;
     if (p_.mask.present()) any_visible = ApplyMask(p_, t, st, s_.rows, j0, cols, s_.row_buffer.get());
-    if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols, 2, s_.alibi_lanes.get());
+    if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols, kVectors, s_.alibi_lanes.get());
     ApplyBand(t, st, s_.rows, j0, cols);
     return any_visible;
   }
@@ -268,7 +274,7 @@ class Task {
   void UpdateSoftmax(Subtile& t, std::int64_t j0, std::int64_t cols) {
     const DF df;
     float* st = s_.st.get();
-    for (std::size_t v = 0; v < 2; ++v) {
+    for (std::size_t v = 0; v < kVectors; ++v) {
       const std::size_t lane0 = v * n_;
       const VF m_old = hn::Load(df, t.m.get() + lane0);
       VF m_new = m_old;
@@ -332,7 +338,7 @@ class Task {
       bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }
-    simd::Accumulate(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
+    simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
   }
 
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
@@ -388,7 +394,7 @@ class Task {
       if (visible > 0) {
         Scores(t, j0, visible, LoadKeys(j0, visible));
         for (std::int64_t c = visible; c < cols; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
-        for (std::size_t v = 0; v < 2; ++v) {
+        for (std::size_t v = 0; v < kVectors; ++v) {
           const std::size_t lane0 = v * n_;
           const VF m = hn::Load(df, t.m.get() + lane0), l = hn::Load(df, t.l.get() + lane0);
           const VF m_use = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
@@ -411,7 +417,7 @@ class Task {
   }
 
   const Problem& p_;
-  Scratch& s_;
+  Scratch<kVectors>& s_;
   const std::size_t n_;
   const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
@@ -422,13 +428,13 @@ class Task {
 
 }  // namespace
 
-// The problems of one call in one parallel region (work_split.h: schedule_forward).
-void ForwardFloat32(const Problem* problems, std::int64_t count) {
-  if (count == 0) return;
+// The problems of one call in one parallel region (work_split.h: schedule_forward), in
+// subtiles of kVectors row vectors.
+template <std::size_t kVectors>
+void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   const Problem& first = problems[0];
-  const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
-  const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 && bf16::supported();
-  const std::int64_t state_size = kSubtiles * StateSize(first);  // one task's rows, one split
+  const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(kVectors * hn::Lanes(DF()));
+  const std::int64_t state_size = kSubtiles * StateSize<kVectors>(first);  // one task's rows, one split
   const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kKeyTile, state_size);
   if (schedule.plans.empty()) return;
   const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
@@ -440,11 +446,11 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
   // thread runs it: bitwise the same results for any thread count.
 #pragma omp parallel num_threads(threads) if (schedule.units > 1)
   {
-    Scratch scratch(first, bf16_path);
+    Scratch<kVectors> scratch(first, bf16_path);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < schedule.units; ++u) {
       const ForwardPlan& plan = schedule.plan_of_unit(u);
-      Task task(*plan.p, scratch, bf16_path);
+      Task<kVectors> task(*plan.p, scratch, bf16_path);
       const std::int64_t t = (u - plan.first_unit) / plan.splits, split = (u - plan.first_unit) % plan.splits;
       std::int64_t b, head_kv, row0;
       plan.locate(t, rows_per_task, &b, &head_kv, &row0);
@@ -462,7 +468,7 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t m = 0; m < schedule.merges; ++m) {
         const ForwardPlan& plan = schedule.plan_of_merge(m);
-        Task task(*plan.p, scratch, bf16_path);
+        Task<kVectors> task(*plan.p, scratch, bf16_path);
         const std::int64_t t = m - plan.first_merge;
         std::int64_t b, head_kv, row0;
         plan.locate(t, rows_per_task, &b, &head_kv, &row0);
@@ -471,6 +477,23 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
       }
     }
   }
+}
+
+// Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
+// fits in one vector — runs subtiles of one row vector: with two, the second vector's
+// lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
+// The bfloat16 microkernels are written for two.
+void ForwardFloat32(const Problem* problems, std::int64_t count) {
+  if (count == 0) return;
+  const bool bf16_path = kBf16KernelsFit && problems[0].query.dtype == DType::bfloat16 && bf16::supported();
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(DF()));
+  const bool few_rows = std::all_of(problems, problems + count, [&](const Problem& p) {
+    return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= lanes;
+  });
+  if (few_rows && !bf16_path)
+    Forward<1>(problems, count, bf16_path);
+  else
+    Forward<2>(problems, count, bf16_path);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }

@@ -26,7 +26,8 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 // Register blocks: (keys × 2 row vectors) accumulators for the score kernel, (dims × 2
-// row vectors) for the accumulate kernel. AVX-512 has 32 vector registers, AVX2 and SSE 16.
+// row vectors) for the accumulate kernel — half the rows for decoding, where a KV head's
+// group of queries fills few lanes. AVX-512 has 32 vector registers, AVX2 and SSE 16.
 constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
 constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
 constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key blocks
@@ -37,64 +38,65 @@ constexpr double kLog2e = 1.4426950408889634;
 inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 // st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for kKeyBlock keys c and
-// a subtile's 2 row vectors: Sᵀ from K and Qᵀ (broadcast K[c][e] against a Qᵀ row); the
-// backward's dPᵀ from V and dOᵀ.
+// a subtile's `Vectors` row vectors (2, or 1 for decoding's few rows): Sᵀ from K and Qᵀ
+// (broadcast K[c][e] against a Qᵀ row); the backward's dPᵀ from V and dOᵀ.
+template <std::size_t Vectors = 2>
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
                            std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
-  VF acc0[kKeyBlock], acc1[kKeyBlock];
-  for (std::size_t c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = hn::Zero(df);
+  VF acc[Vectors][kKeyBlock];
+  for (std::size_t v = 0; v < Vectors; ++v)
+    for (std::size_t c = 0; c < kKeyBlock; ++c) acc[v][c] = hn::Zero(df);
   for (std::int64_t e = 0; e < E; ++e) {
-    const VF q0 = hn::Load(df, qt + e * rows), q1 = hn::Load(df, qt + e * rows + N);
+    VF q[Vectors];
+    for (std::size_t v = 0; v < Vectors; ++v) q[v] = hn::Load(df, qt + e * rows + v * N);
     _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
       const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
-      acc0[c] = hn::MulAdd(q0, key, acc0[c]);
-      acc1[c] = hn::MulAdd(q1, key, acc1[c]);
+      for (std::size_t v = 0; v < Vectors; ++v) acc[v][c] = hn::MulAdd(q[v], key, acc[v][c]);
     }
   }
-  for (std::size_t c = 0; c < kKeyBlock; ++c) {
-    hn::Store(acc0[c], df, st + c * st_stride);
-    hn::Store(acc1[c], df, st + c * st_stride + N);
-  }
+  for (std::size_t c = 0; c < kKeyBlock; ++c)
+    for (std::size_t v = 0; v < Vectors; ++v) hn::Store(acc[v][c], df, st + c * st_stride + v * N);
 }
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
-// a subtile's 2 row vectors: the forward's Oᵀ += V-broadcast ⊗ Pᵀ; the backward's
+// a subtile's `Vectors` row vectors: the forward's Oᵀ += V-broadcast ⊗ Pᵀ; the backward's
 // dQᵀ += K-broadcast ⊗ dSᵀ.
-template <std::size_t Block>
+template <std::size_t Block, std::size_t Vectors = 2>
 HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
                                 const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot,
                                 std::size_t rows) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
-  VF acc0[Block], acc1[Block];
-  for (std::size_t d = 0; d < Block; ++d) {
-    acc0[d] = hn::Load(df, ot + d * rows);
-    acc1[d] = hn::Load(df, ot + d * rows + N);
-  }
+  VF acc[Vectors][Block];
+  for (std::size_t d = 0; d < Block; ++d)
+    for (std::size_t w = 0; w < Vectors; ++w) acc[w][d] = hn::Load(df, ot + d * rows + w * N);
   for (std::int64_t c = 0; c < cols; ++c) {
-    const VF p0 = hn::Load(df, pt + c * pt_stride), p1 = hn::Load(df, pt + c * pt_stride + N);
+    VF p[Vectors];
+    for (std::size_t w = 0; w < Vectors; ++w) p[w] = hn::Load(df, pt + c * pt_stride + w * N);
     _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
       const VF value = hn::Set(df, v[c * v_stride + static_cast<std::int64_t>(d)]);
-      acc0[d] = hn::MulAdd(p0, value, acc0[d]);
-      acc1[d] = hn::MulAdd(p1, value, acc1[d]);
+      for (std::size_t w = 0; w < Vectors; ++w) acc[w][d] = hn::MulAdd(p[w], value, acc[w][d]);
     }
   }
-  for (std::size_t d = 0; d < Block; ++d) {
-    hn::Store(acc0[d], df, ot + d * rows);
-    hn::Store(acc1[d], df, ot + d * rows + N);
-  }
+  for (std::size_t d = 0; d < Block; ++d)
+    for (std::size_t w = 0; w < Vectors; ++w) hn::Store(acc[w][d], df, ot + d * rows + w * N);
 }
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for all `dims` dims:
-// whole register blocks, then single dims.
+// whole register blocks, then single dims. One row vector leaves registers for twice
+// the dims per block.
+template <std::size_t Vectors = 2>
 inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
                        std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows) {
+  constexpr std::size_t kBlock = kValueBlock * 2 / Vectors;
   std::int64_t d = 0;
+  for (; d + static_cast<std::int64_t>(kBlock) <= dims; d += kBlock)
+    AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
   for (; d + static_cast<std::int64_t>(kValueBlock) <= dims; d += kValueBlock)
-    AccumulateBlock<kValueBlock>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
-  for (; d < dims; ++d) AccumulateBlock<1>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+    AccumulateBlock<kValueBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+  for (; d < dims; ++d) AccumulateBlock<1, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
 }
 
 // The backward's rank updates: dK, dV accumulate kRankKeys keys × up to 4 vectors of
