@@ -231,7 +231,7 @@ int run_command(const RunArgs& args) {
 #ifdef SDPA_HAVE_MPI
       OptionTensors tensors;
       if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
-      if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);  // refused by the ring call, naming --sinks
+      if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);
       ring_run(args, make_options(args, tensors));
       return kExitOk;
 #else

@@ -2,14 +2,15 @@
 // (mkstemp in the destination's folder), writes the .npy header and sizes it; every rank
 // writes its rows at their offsets (pwrite); when every rank has succeeded (one
 // collective), rank 0 renames the temporaries over the outputs — all or nothing, as
-// io::OutputFiles does for a single process. Every step that can fail on one rank is
-// followed by an agreement (src/dist/agreement.h), so an error reaches every rank.
+// io::OutputFiles does for a single process (commit). Every step that can fail on one
+// rank is followed by an agreement (src/dist/agreement.h), the renames included, so an
+// error reaches every rank.
 #include "ring_run.h"
 
 #include <mpi.h>
 
 #include <cerrno>
-#include <cstdio>
+#include <cstdio>  // renameat2 (glibc >= 2.28, _GNU_SOURCE)
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -114,6 +115,44 @@ void write_rows(const SharedOutput& out, const std::string& encoded, std::int64_
   if (::fsync(fd) != 0) ok = false;
   ::close(fd);
   if (!ok) fail_io(out.flag, out.path, "cannot write this rank's rows");
+}
+
+// Rank 0: the temporaries renamed over the outputs, all or nothing. Each existing output
+// is swapped with its temporary (renameat2's RENAME_EXCHANGE: one atomic step that leaves
+// the old file under the temporary's name), so a later rename that fails can swap it
+// back; a new output is renamed into place and removed again on failure. On success the
+// old files are removed; on failure every output is as it was and no temporary is left.
+// (A file system without RENAME_EXCHANGE gets a plain rename: the renames before a
+// failing one then stay, io::OutputFiles' one gap.)
+void commit(const std::vector<SharedOutput>& files) {
+  enum class Done { exchanged, created, replaced };
+  std::vector<Done> done;
+  for (const SharedOutput& f : files) {
+    int status = ::renameat2(AT_FDCWD, f.temporary.c_str(), AT_FDCWD, f.path.c_str(), RENAME_EXCHANGE);
+    Done how = Done::exchanged;
+    if (status != 0 && (errno == ENOENT || errno == EINVAL || errno == ENOSYS)) {
+      // No file there yet (ENOENT), or no RENAME_EXCHANGE here: a plain rename.
+      const bool existed = ::access(f.path.c_str(), F_OK) == 0;
+      status = std::rename(f.temporary.c_str(), f.path.c_str());
+      how = existed ? Done::replaced : Done::created;
+    }
+    if (status != 0) {
+      const int error = errno;
+      for (std::size_t k = done.size(); k-- > 0;) {
+        const SharedOutput& back = files[k];
+        if (done[k] == Done::exchanged)
+          ::renameat2(AT_FDCWD, back.temporary.c_str(), AT_FDCWD, back.path.c_str(), RENAME_EXCHANGE);
+        else if (done[k] == Done::created)
+          ::unlink(back.path.c_str());
+      }
+      for (const SharedOutput& t : files) ::unlink(t.temporary.c_str());
+      errno = error;
+      fail_io(f.flag, f.path, "cannot replace it (no output was changed)");
+    }
+    done.push_back(how);
+  }
+  for (std::size_t k = 0; k < files.size(); ++k)
+    if (done[k] == Done::exchanged) ::unlink(files[k].temporary.c_str());  // the old file
 }
 
 }  // namespace
@@ -226,10 +265,14 @@ void ring_run(const RunArgs& args, const Options& options) {
       for (const SharedOutput& f : files) ::unlink(f.temporary.c_str());
     throw;
   }
-  if (rank == 0)
-    for (const SharedOutput& f : files)
-      if (std::rename(f.temporary.c_str(), f.path.c_str()) != 0) fail_io(f.flag, f.path, "cannot replace it");
-  MPI_Barrier(comm);
+  // Rank 0 commits; the outcome is agreed, so a rename failing there fails every rank.
+  agree(
+      comm,
+      [&] {
+        if (rank == 0) commit(files);
+        return std::string();
+      },
+      "--out");
 }
 
 }  // namespace sdpa::cli

@@ -60,18 +60,23 @@ std::int64_t shard_length(std::int64_t length, int ranks, int rank, Partition pa
 // global indices, and dropout draws bitwise the single-process mask. Options as
 // sdpa::forward's, except: no weights, and the mask (when given) is a bool key-padding
 // mask, this rank's keys' flags, shape (..., 1, 1, Sr) or (Sr,) (true = the key takes
-// part); it travels with its K/V shard. Sinks are refused (an error naming `sinks`):
-// each step's partial softmax would count them again.
+// part); it travels with its K/V shard. Sinks ((Hq,) or (batch..., Hq), the same on
+// every rank) join each row once, after the ring's last merge; the lse contains them, as
+// sdpa::forward's does.
 //
-// Every rank validates its arguments, then all agree (one collective) before any ring
-// traffic: a bad shard on one rank raises sdpa::Error on every rank — never a hang.
+// Every rank validates its arguments and allocates what the ring needs, then all agree
+// (one collective) before any ring traffic: a bad shard, or memory running out, on one
+// rank raises sdpa::Error on every rank — never a hang. What fails after that point ends
+// the job with MPI_Abort (docs/distributed.md, "Errors: never a hang").
 void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, const TensorView& value,
              const ForwardOutputs& outputs, const Sharding& sharding, const Options& options = {});
 
 // Gradients of the whole problem's loss for this rank's shards (collective, as forward):
 // inputs.output and inputs.lse are this rank's rows of forward's results; each rank
 // receives dQ, dK and dV of its own shards (dK, dV are summed over every rank's queries
-// as they travel back around the ring, in float32 — float64 for float64).
+// as they travel back around the ring, in float32 — float64 for float64) and, when
+// outputs.grad_sinks is given (only with sinks), the whole gradient of the sinks, summed
+// over every rank's rows.
 void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs& outputs, const Sharding& sharding,
               const Options& options = {});
 

@@ -27,7 +27,9 @@ namespace {
 using Input = nb::ndarray<nb::ro>;
 using Output = nb::ndarray<>;
 
-// The Python side has already checked devices and dtypes (torch tensors on the CPU).
+// The Python side has already checked devices and dtypes (torch tensors on the CPU), on
+// every rank together (sdpa/distributed.py's agreement): an error here would be one
+// rank's alone, raised before the C++ call's agreement, and leave the others waiting.
 template <class Array>
 sdpa::TensorView view(const Array& a, const std::string& name) {
   const std::optional<sdpa::DType> dtype = sdpa_python::sdpa_dtype(a.dtype());
@@ -51,18 +53,20 @@ sdpa::distributed::Sharding sharding_of(std::int64_t query_length, std::int64_t 
 }
 
 sdpa::Options call_options(const sdpa::Options& options, const std::optional<Input>& mask,
-                           const std::optional<Input>& alibi_slopes) {
+                           const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks) {
   sdpa::Options call = options;
   if (mask) call.mask = view(*mask, "mask");
   if (alibi_slopes) call.alibi_slopes = view(*alibi_slopes, "alibi_slopes");
+  if (sinks) call.sinks = view(*sinks, "sinks");
   return call;
 }
 
 void ring_forward(std::int64_t comm, const Input& query, const Input& key, const Input& value,
-                  const std::optional<Input>& mask, const std::optional<Input>& alibi_slopes, const Output& output,
-                  const Output& lse, std::int64_t query_length, std::int64_t key_length, const std::string& partition,
+                  const std::optional<Input>& mask, const std::optional<Input>& alibi_slopes,
+                  const std::optional<Input>& sinks, const Output& output, const Output& lse,
+                  std::int64_t query_length, std::int64_t key_length, const std::string& partition,
                   const sdpa::Options& options) {
-  const sdpa::Options call = call_options(options, mask, alibi_slopes);
+  const sdpa::Options call = call_options(options, mask, alibi_slopes, sinks);
   const sdpa::distributed::Sharding sharding = sharding_of(query_length, key_length, partition);
   const sdpa::ForwardOutputs outputs{view(output, "out"), std::nullopt, view(lse, "lse")};
   try {
@@ -75,17 +79,19 @@ void ring_forward(std::int64_t comm, const Input& query, const Input& key, const
 }
 
 void ring_backward(std::int64_t comm, const Input& query, const Input& key, const Input& value,
-                   const std::optional<Input>& mask, const std::optional<Input>& alibi_slopes, const Input& output,
-                   const Input& lse, const Input& grad_output, const std::optional<Input>& grad_lse,
-                   const Output& grad_query, const Output& grad_key, const Output& grad_value, std::int64_t query_length,
+                   const std::optional<Input>& mask, const std::optional<Input>& alibi_slopes,
+                   const std::optional<Input>& sinks, const Input& output, const Input& lse, const Input& grad_output,
+                   const std::optional<Input>& grad_lse, const Output& grad_query, const Output& grad_key,
+                   const Output& grad_value, const std::optional<Output>& grad_sinks, std::int64_t query_length,
                    std::int64_t key_length, const std::string& partition, const sdpa::Options& options) {
-  const sdpa::Options call = call_options(options, mask, alibi_slopes);
+  const sdpa::Options call = call_options(options, mask, alibi_slopes, sinks);
   const sdpa::distributed::Sharding sharding = sharding_of(query_length, key_length, partition);
   sdpa::BackwardInputs inputs{view(query, "query"),   view(key, "key"), view(value, "value"),
                               view(output, "output"), view(lse, "lse"), view(grad_output, "grad_output")};
   if (grad_lse) inputs.grad_lse = view(*grad_lse, "grad_lse");
-  const sdpa::BackwardOutputs outputs{view(grad_query, "grad_query"), view(grad_key, "grad_key"),
-                                      view(grad_value, "grad_value"), std::nullopt};
+  sdpa::BackwardOutputs outputs{view(grad_query, "grad_query"), view(grad_key, "grad_key"),
+                                view(grad_value, "grad_value"), std::nullopt};
+  if (grad_sinks) outputs.grad_sinks = view(*grad_sinks, "grad_sinks");
   try {
     nb::gil_scoped_release release;
     sdpa::distributed::backward(MPI_Comm_f2c(static_cast<MPI_Fint>(comm)), inputs, outputs, sharding, call);
@@ -101,13 +107,13 @@ void register_dist(nb::module_& m) {
 #ifdef SDPA_HAVE_MPI
   m.attr("has_distributed") = true;
   m.def("ring_forward", &ring_forward, nb::arg("comm"), nb::arg("query"), nb::arg("key"), nb::arg("value"),
-        nb::arg("mask").none(), nb::arg("alibi_slopes").none(), nb::arg("output"), nb::arg("lse"),
-        nb::arg("query_length"), nb::arg("key_length"), nb::arg("partition"), nb::arg("options"),
+        nb::arg("mask").none(), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("output"),
+        nb::arg("lse"), nb::arg("query_length"), nb::arg("key_length"), nb::arg("partition"), nb::arg("options"),
         "Ring attention's forward over an MPI communicator (its Fortran handle); see sdpa.distributed.");
   m.def("ring_backward", &ring_backward, nb::arg("comm"), nb::arg("query"), nb::arg("key"), nb::arg("value"),
-        nb::arg("mask").none(), nb::arg("alibi_slopes").none(), nb::arg("output"), nb::arg("lse"),
-        nb::arg("grad_output"), nb::arg("grad_lse").none(), nb::arg("grad_query"), nb::arg("grad_key"),
-        nb::arg("grad_value"), nb::arg("query_length"), nb::arg("key_length"), nb::arg("partition"),
+        nb::arg("mask").none(), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("output"),
+        nb::arg("lse"), nb::arg("grad_output"), nb::arg("grad_lse").none(), nb::arg("grad_query"),
+        nb::arg("grad_key"), nb::arg("grad_value"), nb::arg("grad_sinks").none(), nb::arg("query_length"), nb::arg("key_length"), nb::arg("partition"),
         nb::arg("options"), "Ring attention's backward (used by sdpa.distributed's autograd).");
 #else
   m.attr("has_distributed") = false;

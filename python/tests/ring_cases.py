@@ -30,6 +30,11 @@ CASES = [
     (torch.float32, 4, 4, 64, 64, "zigzag", dict(causal="top_left")),
     (torch.float32, 2, 1, 33, 47, "contiguous", dict()),
     (torch.float64, 4, 1, 37, 37, "zigzag", dict(causal="top_left", exchange="all_gather")),
+    # Attention sinks ("sinks": the shape of the sinks tensor, made below, requiring grad).
+    (torch.float64, 4, 2, 37, 37, "zigzag", dict(causal="top_left", sinks=(4,))),
+    (torch.float32, 4, 4, 64, 64, "zigzag", dict(causal="top_left", sinks=(2, 4))),
+    # Bottom-right with L > S: the first queries see no key (output 0, lse = sink).
+    (torch.float64, 2, 2, 45, 29, "contiguous", dict(causal="bottom_right", sinks=(2, 2))),
 ]
 
 
@@ -40,8 +45,17 @@ def test_ring_attention_matches_single_process(dtype, Hq, Hkv, L, S, partition, 
     k = torch.randn(2, Hkv, S, 16, dtype=dtype, generator=g, requires_grad=True)
     v = torch.randn(2, Hkv, S, 8, dtype=dtype, generator=g, requires_grad=True)
     grad = torch.randn(2, Hq, L, 8, dtype=dtype, generator=g)
+    keywords = dict(keywords)
+    sinks = None
+    if "sinks" in keywords:
+        sinks = (2 * torch.randn(keywords["sinks"], dtype=dtype, generator=g)).requires_grad_()
+        keywords["sinks"] = sinks
     whole = sdpa.attention(q, k, v, **{n: x for n, x in keywords.items() if n != "exchange"})
     whole.backward(grad)
+    whole_sinks_grad = None
+    if sinks is not None:
+        whole_sinks_grad = sinks.grad.clone()
+        sinks.grad = None
 
     q_rows, k_rows = dist.shard_rows(L, SIZE, RANK, partition), dist.shard_rows(S, SIZE, RANK, partition)
     qs, ks, vs = _shard(q, q_rows), _shard(k, k_rows), _shard(v, k_rows)
@@ -58,6 +72,9 @@ def test_ring_attention_matches_single_process(dtype, Hq, Hkv, L, S, partition, 
                                   ("dv", vs.grad, v.grad, k_rows)):
         want = _shard(full, rows)
         assert (got - want).abs().max().item() <= grad_tol * max(1.0, want.abs().max().item()), (name, RANK)
+    if sinks is not None:  # summed over every rank's rows: the whole gradient on every rank
+        assert (sinks.grad - whole_sinks_grad).abs().max().item() <= grad_tol * max(
+            1.0, whole_sinks_grad.abs().max().item()), ("dsinks", RANK)
 
 
 def test_global_lengths_default_to_the_sum_of_the_shards():
@@ -91,3 +108,70 @@ def test_a_bad_shard_on_one_rank_is_an_error_on_every_rank():
     k = torch.zeros(1, 2, L // SIZE, 8)
     with pytest.raises(ValueError, match="query: expected 8 rows"):
         dist.ring_attention(q, k, k, partition="contiguous", query_length=L, key_length=L)
+
+
+def test_sinks_with_the_lse_returned():
+    # The lse contains the sinks, as sdpa.attention's; a loss on it reaches the sinks.
+    g = torch.Generator().manual_seed(21)
+    L = 26
+    q = torch.randn(1, 2, L, 8, dtype=torch.float64, generator=g)
+    sinks = torch.tensor([0.7, -1.2], dtype=torch.float64, requires_grad=True)
+    out, lse = sdpa.attention(q, q, q, causal="top_left", sinks=sinks, return_lse=True)
+    (lse.sum() + out.sum()).backward()
+    expected_grad = sinks.grad.clone()
+    rows = dist.shard_rows(L, SIZE, RANK, "zigzag")
+    ring_sinks = sinks.detach().clone().requires_grad_()
+    ring_out, ring_lse = dist.ring_attention(_shard(q, rows), _shard(q, rows), _shard(q, rows), causal="top_left",
+                                             sinks=ring_sinks, return_lse=True)
+    assert (ring_lse - _shard(lse.unsqueeze(-1), rows).squeeze(-1)).abs().max().item() <= 1e-12
+    (ring_lse.sum() + ring_out.sum()).backward()
+    assert (ring_sinks.grad - expected_grad).abs().max().item() <= 1e-12
+
+
+def test_alibi_slopes_as_a_list_are_float64_as_in_sdpa_attention():
+    # sdpa.attention takes a list of slopes as float64; ring_attention made it float32, whose
+    # rounding (~1e-8 of a slope, times distances up to L) moved the output far above 1e-12.
+    g = torch.Generator().manual_seed(13)
+    L = 40
+    q = torch.randn(1, 2, L, 8, dtype=torch.float64, generator=g)
+    k = torch.randn(1, 2, L, 8, dtype=torch.float64, generator=g)
+    slopes = [0.1234567890123, 0.0987654321987]
+    whole = sdpa.attention(q, k, k, causal="top_left", alibi_slopes=slopes)
+    rows = dist.shard_rows(L, SIZE, RANK, "zigzag")
+    out = dist.ring_attention(_shard(q, rows), _shard(k, rows), _shard(k, rows), causal="top_left",
+                              alibi_slopes=slopes)
+    assert (out - _shard(whole, rows)).abs().max().item() <= 1e-12
+
+
+def _refused_on_the_last_rank(bad, match, kind=(TypeError, ValueError), **keywords):
+    """ring_attention with `bad` as the last rank's query: every rank raises (none is left
+    waiting), the last with its own error, the others with it and "(on rank N-1)"."""
+    culprit = SIZE - 1
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(kind, match=match) as info:
+        dist.ring_attention(bad if RANK == culprit else q, q, q, query_length=4 * SIZE, key_length=4 * SIZE,
+                            **keywords)
+    if RANK != culprit:
+        assert str(info.value).endswith(f"(on rank {culprit})"), str(info.value)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([[0.0] * 8] * 4, "query: expected a torch.Tensor"),         # not a tensor
+    (torch.zeros(8), "query: expected a tensor of rank >= 2"),   # rank 1: no sequence dim
+    (torch.zeros(1, 2, 4, 8, device="meta"), "query: expected a CPU tensor"),  # not in CPU memory (as a GPU's)
+    (torch.zeros(1, 2, 4, 8, dtype=torch.int32), "query: expected float16"),  # a dtype the library cannot read
+])
+def test_a_python_argument_refused_on_one_rank_is_an_error_on_every_rank(bad, match):
+    _refused_on_the_last_rank(bad, match)
+
+
+def test_a_keyword_refused_on_one_rank_is_an_error_on_every_rank():
+    culprit = SIZE - 1
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(TypeError, match="scale") as info:
+        dist.ring_attention(q, q, q, scale="big" if RANK == culprit else None)
+    if RANK != culprit:
+        assert str(info.value).endswith(f"(on rank {culprit})"), str(info.value)
+    # The communicator is still usable: the next call on every rank works.
+    out = dist.ring_attention(q, q, q)
+    assert out.shape == q.shape

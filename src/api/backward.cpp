@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/operands.h"
+#include "api/sink_gradients.h"
 #include "api/validate.h"
 #include "api/varlen.h"
 #include "common/element.h"
@@ -20,28 +21,10 @@ namespace sdpa {
 
 namespace {
 
-// Visits every element of `view` in row-major order of its shape, with its element offset.
-template <class Visit>
-void for_each_offset(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides, Visit visit) {
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) count *= size;
-  std::vector<std::int64_t> index(shape.size(), 0);
-  std::int64_t offset = 0;
-  for (std::int64_t flat = 0; flat < count; ++flat) {
-    visit(flat, offset);
-    for (std::size_t d = shape.size(); d-- > 0;) {  // next row-major index, offset kept in step
-      offset += strides[d];
-      if (++index[d] < shape[d]) break;
-      offset -= strides[d] * shape[d];
-      index[d] = 0;
-    }
-  }
-}
-
 void fill_zero(const TensorView& view) {
   const std::size_t element = dtype_size(view.dtype);
   auto* data = static_cast<std::byte*>(view.data);
-  for_each_offset(view.shape, view.effective_strides(), [&](std::int64_t, std::int64_t offset) {
+  detail::for_each_offset(view.shape, view.effective_strides(), [&](std::int64_t, std::int64_t offset) {
     std::memset(data + offset * static_cast<std::int64_t>(element), 0, element);  // +0.0 in every float dtype
   });
 }
@@ -54,48 +37,11 @@ void sum_mask_gradient(const Tensor& full, const TensorView& grad_mask, const st
   const std::vector<std::int64_t> into = detail::mask_broadcast_strides(sums.view(), target);
   auto* acc = static_cast<double*>(sums.data());
   // Walk the scores in order; `offset` follows the broadcast strides into `sums`.
-  for_each_offset(target, into, [&](std::int64_t flat, std::int64_t offset) { acc[offset] += full.get(flat); });
+  detail::for_each_offset(target, into, [&](std::int64_t flat, std::int64_t offset) { acc[offset] += full.get(flat); });
   auto* out = static_cast<std::byte*>(grad_mask.data);
   const std::int64_t element = static_cast<std::int64_t>(dtype_size(grad_mask.dtype));
-  for_each_offset(grad_mask.shape, grad_mask.effective_strides(), [&](std::int64_t flat, std::int64_t offset) {
+  detail::for_each_offset(grad_mask.shape, grad_mask.effective_strides(), [&](std::int64_t flat, std::int64_t offset) {
     detail::store_element<double>(out + offset * element, grad_mask.dtype, acc[flat]);
-  });
-}
-
-// Adds dL/dsink of each query matrix of `p` to `per_matrix` (batch · Hq entries). The
-// sink takes probability P_i = exp(sink − lse_i) in row i, and ∂lse_i/∂sink = P_i,
-// ∂O_i/∂sink = −P_i·O_i, so dsink = Σ_i P_i (dlse_i − dO_i·O_i): from the forward's O and
-// lse, in float64, whichever backend computed them.
-void add_sink_gradients(const detail::BackwardProblem& p, double* per_matrix) {
-  for (std::int64_t qm = 0; qm < p.batch * p.heads_q; ++qm) {
-    const double sink = p.sinks[static_cast<std::size_t>(qm)];
-    if (sink == -std::numeric_limits<double>::infinity()) continue;  // no sink: P = 0 (not exp(−inf + inf))
-    double sum = 0.0;
-    for (std::int64_t i = 0; i < p.L; ++i) {
-      double d = p.grad_lse.present() ? p.grad_lse.load<double>(qm, i, 0) : 0.0;
-      for (std::int64_t c = 0; c < p.Ev; ++c)
-        d -= p.grad_output.load<double>(qm, i, c) * p.output.load<double>(qm, i, c);
-      sum += std::exp(sink - p.lse.load<double>(qm, i, 0)) * d;
-    }
-    per_matrix[qm] += sum;
-  }
-}
-
-// grad_sinks from the per-query-matrix sums: (Hq,) sums over the batch, in batch order;
-// (batch..., Hq) is one entry per query matrix, in the same row-major order.
-void store_sink_gradients(const std::vector<double>& per_matrix, const TensorView& grad_sinks) {
-  if (grad_sinks.numel() == 0) return;  // no heads (Hq = 0) or no batch: nothing to store
-  const std::int64_t heads_q = grad_sinks.shape.back();
-  const std::int64_t batch = static_cast<std::int64_t>(per_matrix.size()) / heads_q;
-  auto* out = static_cast<std::byte*>(grad_sinks.data);
-  const std::int64_t element = static_cast<std::int64_t>(dtype_size(grad_sinks.dtype));
-  for_each_offset(grad_sinks.shape, grad_sinks.effective_strides(), [&](std::int64_t flat, std::int64_t offset) {
-    double value = 0.0;
-    if (grad_sinks.rank() == 1)
-      for (std::int64_t b = 0; b < batch; ++b) value += per_matrix[static_cast<std::size_t>(b * heads_q + flat)];
-    else
-      value = per_matrix[static_cast<std::size_t>(flat)];
-    detail::store_element<double>(out + offset * element, grad_sinks.dtype, value);
   });
 }
 
@@ -153,8 +99,8 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
   if (call.mask_gradient_sums) sum_mask_gradient(full_mask_gradient, *outputs.grad_mask, checked.weights_shape);
   if (outputs.grad_sinks) {
     std::vector<double> per_matrix(static_cast<std::size_t>(problem.batch * problem.heads_q), 0.0);
-    add_sink_gradients(problem, per_matrix.data());
-    store_sink_gradients(per_matrix, *outputs.grad_sinks);
+    detail::add_sink_gradients(problem, per_matrix.data());
+    detail::store_sink_gradients(per_matrix, *outputs.grad_sinks);
   }
 }
 
@@ -183,9 +129,9 @@ void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequen
   for (std::size_t b = 0; b < calls.size(); ++b) {
     run(calls[b].problem, calls[b].gradients, options.backend);
     if (outputs.grad_sinks)
-      add_sink_gradients(calls[b].problem, sink_gradients.data() + b * static_cast<std::size_t>(inputs.query.shape[0]));
+      detail::add_sink_gradients(calls[b].problem, sink_gradients.data() + b * static_cast<std::size_t>(inputs.query.shape[0]));
   }
-  if (outputs.grad_sinks) store_sink_gradients(sink_gradients, *outputs.grad_sinks);
+  if (outputs.grad_sinks) detail::store_sink_gradients(sink_gradients, *outputs.grad_sinks);
 }
 
 BackwardResult backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequences, const Options& options) {

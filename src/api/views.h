@@ -59,4 +59,23 @@ void check_reads(const std::vector<ExpectedView>& reads, std::vector<Span>& inpu
 // overlap with an input (`input_spans`) or another output.
 void check_outputs(const std::vector<ExpectedView>& outputs, const std::vector<Span>& input_spans);
 
+// Visits every element of a view of `shape` and `strides` in row-major order of its
+// shape, with its element offset (backward.cpp's zero fills and sums, the sinks' gradient).
+template <class Visit>
+void for_each_offset(const Shape& shape, const Shape& strides, Visit visit) {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape) count *= size;
+  Shape index(shape.size(), 0);
+  std::int64_t offset = 0;
+  for (std::int64_t flat = 0; flat < count; ++flat) {
+    visit(flat, offset);
+    for (std::size_t d = shape.size(); d-- > 0;) {  // next row-major index, offset kept in step
+      offset += strides[d];
+      if (++index[d] < shape[d]) break;
+      offset -= strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
 }  // namespace sdpa::detail

@@ -1,6 +1,7 @@
 #include "dist/agreement.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -62,6 +63,26 @@ void agree(MPI_Comm comm, const std::function<std::string()>& check, const char*
                 "expected the same call on every rank (dtype, dims other than the sequence, global lengths, "
                 "partition, options), got a different one on some rank; this rank's: " +
                     signature);
+}
+
+void after_agreement(MPI_Comm comm, const char* call, const std::function<void()>& work) {
+  std::string what;
+  try {
+    work();
+    return;
+  } catch (const std::exception& e) {  // sdpa::Error among them
+    what = e.what();
+  } catch (...) {
+    what = "an unknown exception";
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::fprintf(stderr,
+               "%s: rank %d failed after every rank had agreed on the call: %s; aborting the job (MPI_Abort), "
+               "since the other ranks wait on this one's messages\n",
+               call, rank, what.c_str());
+  std::fflush(stderr);
+  MPI_Abort(comm, 1);
 }
 
 }  // namespace sdpa::distributed::detail

@@ -7,9 +7,8 @@
 
 namespace sdpa::distributed::detail {
 
-GatheredKv gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own) {
+GatheredKv plan_gather(const ShardCall& call) {
   GatheredKv gathered;
-  std::vector<int> counts(static_cast<std::size_t>(call.ranks)), displacements(counts.size());
   std::size_t total = 0;
   for (int k = 0; k < call.ranks; ++k) {
     const std::size_t bytes =
@@ -19,15 +18,19 @@ GatheredKv gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own)
       sdpa::detail::fail("sharding.exchange",
                          "expected all K/V shards within 2 GiB for all_gather, got more; use ring");
     gathered.offset.push_back(total);
-    counts[static_cast<std::size_t>(k)] = static_cast<int>(bytes);
-    displacements[static_cast<std::size_t>(k)] = static_cast<int>(total);
+    gathered.counts.push_back(static_cast<int>(bytes));
+    gathered.displacements.push_back(static_cast<int>(total));
     total += bytes;
   }
   gathered.bytes.resize(total);
-  const int mine = counts[static_cast<std::size_t>(call.rank)];
-  MPI_Allgatherv(own, mine, MPI_BYTE, gathered.bytes.data(), counts.data(), displacements.data(), MPI_BYTE, comm);
-  gathered.bytes_sent = static_cast<double>(mine) * (call.ranks - 1);
   return gathered;
+}
+
+void gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own, GatheredKv& gathered) {
+  const int mine = gathered.counts[static_cast<std::size_t>(call.rank)];
+  MPI_Allgatherv(own, mine, MPI_BYTE, gathered.bytes.data(), gathered.counts.data(), gathered.displacements.data(),
+                 MPI_BYTE, comm);
+  gathered.bytes_sent = static_cast<double>(mine) * (call.ranks - 1);
 }
 
 template <class Acc>

@@ -12,13 +12,19 @@
 namespace sdpa::distributed::detail {
 
 struct GatheredKv {
-  std::vector<std::byte> bytes;       // every shard, rank after rank
-  std::vector<std::size_t> offset;    // where rank k's shard starts
-  double bytes_sent = 0;              // this rank's shard, once to each other rank
+  std::vector<std::byte> bytes;                 // every shard, rank after rank
+  std::vector<std::size_t> offset;              // where rank k's shard starts
+  std::vector<int> counts, displacements;       // MPI_Allgatherv's, in bytes
+  double bytes_sent = 0;                        // this rank's shard, once to each other rank
 };
 
-// Collective. `own` is this rank's packed shard (pack_kv).
-GatheredKv gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own);
+// The gather's sizes and its buffer, before the ranks agree (so that a size MPI cannot
+// count, or memory running out, is an agreed error, not a rank missing from a
+// collective): throws sdpa::Error naming sharding.exchange past 2 GiB.
+GatheredKv plan_gather(const ShardCall& call);
+
+// Collective. `own` is this rank's packed shard (pack_kv); fills gathered.bytes.
+void gather_kv(MPI_Comm comm, const ShardCall& call, const std::byte* own, GatheredKv& gathered);
 
 // Sums every rank's contributions to every shard's gradients (`all`, rank after rank,
 // `floats[k]` elements of shard k) and leaves this rank's shard's sum in `mine`

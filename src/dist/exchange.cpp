@@ -14,8 +14,10 @@ constexpr std::size_t kMessageBytes = std::size_t{1} << 30;
 }  // namespace
 
 Transfer::~Transfer() {
-  // Only after an exception between start() and wait(): the buffers are about to be
-  // freed, so the transfers must end first (the peer made the same calls).
+  // Only after an exception between start() and wait(), on the way to MPI_Abort
+  // (agreement.h's after_agreement): the buffers are about to be freed, so the transfers
+  // must end first. They do: each peer posted the matching send and receive at the start
+  // of the same step, before anything that waits on this rank.
   if (!requests_.empty()) wait();
 }
 

@@ -4,7 +4,8 @@
 // m = max(a, b). Only differences to the max are exponentiated, so nothing overflows
 // whatever the lse (EasyContext #14 took exp of an lse), and it runs in float32 (float64
 // for float64) whatever the input dtype: rounding each step's output to bfloat16 makes
-// the error grow with the number of ranks (ring-flash-attention #42).
+// the error grow with the number of ranks (ring-flash-attention #42). The sinks join
+// once, after the last merge (fold_sink).
 #pragma once
 
 #include <cmath>
@@ -32,6 +33,25 @@ void merge_rows(T* acc_out, T* acc_lse, const T* part_out, const T* part_lse, st
     const T wa = std::exp(a - m), wb = std::exp(b - m), sum = wa + wb;
     for (std::int64_t c = 0; c < cols; ++c) out[c] = (out[c] * wa + in[c] * wb) / sum;
     acc_lse[r] = m + std::log(sum);
+  }
+}
+
+// Folds an attention sink into merged rows (rows × cols outputs, rows lses), once, after
+// the last merge: the sink is one more logit in each row's softmax, with no value row,
+//   m = max(lse, sink),  lse' = m + log(e^(lse−m) + e^(sink−m)),  O' = O · e^(lse−m) / (e^(lse−m) + e^(sink−m)),
+// as the single-process kernels fold it (cpu/portable fold_sink, cpu/simd FoldSink). A
+// row that saw no key (lse −inf) gets output 0 and lse = sink; a sink of −inf changes
+// nothing; NaN or +inf make the row NaN, as a softmax would.
+template <class T>
+void fold_sink(T* out, T* lse, T sink, std::int64_t rows, std::int64_t cols) {
+  if (sink == -std::numeric_limits<T>::infinity()) return;  // no sink (and no −inf − −inf)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T a = lse[r];
+    const T m = std::isnan(a) || a > sink ? a : sink;
+    const T wa = std::exp(a - m), sum = wa + std::exp(sink - m);  // wa = 0 when no key was seen
+    const T keep = wa / sum;
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] *= keep;
+    lse[r] = m + std::log(sum);
   }
 }
 

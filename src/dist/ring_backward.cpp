@@ -8,10 +8,13 @@
 #include <time.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "api/operands.h"
+#include "api/sink_gradients.h"
 #include "api/views.h"
 #include "cpu/dispatch.h"
 #include "dist/agreement.h"
@@ -29,14 +32,89 @@ namespace {
 
 constexpr int kKeyValueTag = 7002, kGradientTag = 7003;
 std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
+// dK then dV of a shard of `rows` keys: the accumulator that travels.
+std::size_t gradient_floats(const ShardCall& call, std::int64_t rows) {
+  return static_cast<std::size_t>(call.batch * call.heads_kv * rows * (call.E + call.Ev));
+}
 
 template <class Acc>
 void add_into(Acc* into, const Acc* from, std::size_t count) {
   for (std::size_t k = 0; k < count; ++k) into[k] += from[k];
 }
 
+// The sinks' gradient Σ_i P_i (dlse_i − dO_i·O_i), P_i = exp(sink − lse_i) (api/sink_gradients.h):
+// the lse the forward returned contains the sink, so this rank's rows give their share
+// with nothing from the others; one MPI_Allreduce sums the shares of every rank.
+void store_sink_gradients_over_ranks(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in,
+                                     const TensorView& grad_sinks) {
+  std::vector<double> per_matrix(call.sinks.size(), 0.0);
+  if (call.L_shard > 0) {  // a rank with no rows adds nothing, but joins the sum
+    const sdpa::detail::Shape& bs = call.batch_shape;
+    sdpa::detail::BackwardProblem rows;
+    rows.batch = call.batch;
+    rows.heads_q = call.heads_q;
+    rows.L = call.L_shard;
+    rows.Ev = call.Ev;
+    rows.sinks = call.sinks;
+    rows.output = sdpa::detail::make_operand(in.output, bs, call.heads_q);
+    rows.grad_output = sdpa::detail::make_operand(in.grad_output, bs, call.heads_q);
+    rows.lse = sdpa::detail::lse_operand(in.lse, bs, call.heads_q);
+    if (in.grad_lse) rows.grad_lse = sdpa::detail::lse_operand(*in.grad_lse, bs, call.heads_q);
+    sdpa::detail::add_sink_gradients(rows, per_matrix.data());
+  }
+  MPI_Allreduce(MPI_IN_PLACE, per_matrix.data(), static_cast<int>(per_matrix.size()), MPI_DOUBLE, MPI_SUM, comm);
+  sdpa::detail::store_sink_gradients(per_matrix, grad_sinks);
+}
+
+// Everything the backward allocates by the call's sizes, allocated before the ranks agree
+// (as the forward's ForwardBuffers): memory running out is an error on every rank.
 template <class Acc>
-void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in, const BackwardOutputs& outputs) {
+struct BackwardBuffers {
+  std::vector<Acc> dq, dq_part, dk_part, dv_part;  // dQ of this rank's rows; one piece's dQ, dK, dV
+  std::vector<Acc> step_grads[2], incoming;        // the travelling dK/dV accumulators (sent, received)
+  std::vector<std::byte> buffers[2];               // the K/V shard in hand and the one arriving
+  GatheredKv gathered;                             // all-gather: every K/V shard
+  std::vector<Acc> all_grads;                      // all-gather: this rank's share of every shard's dK/dV
+  std::vector<std::size_t> grad_offset;            // where shard k's starts in all_grads
+  std::vector<int> grad_floats;                    // and its length (MPI_Reduce_scatter's counts)
+
+  explicit BackwardBuffers(const ShardCall& call) {
+    const int N = call.ranks;
+    const Sharding& sh = call.sharding;
+    const std::int64_t q_matrices = call.batch * call.heads_q, kv_matrices = call.batch * call.heads_kv;
+    const std::int64_t Lr = call.L_shard, E = call.E, Ev = call.Ev;
+    dq.assign(static_cast<std::size_t>(q_matrices * Lr * E), Acc{0});
+    const std::int64_t block = std::min(block_rows(Lr), std::max<std::int64_t>(Lr, 1));
+    std::int64_t largest = 0;
+    for (int k = 0; k < N; ++k) largest = std::max(largest, shard_length(sh.key_length, N, k, sh.partition));
+    dq_part.resize(static_cast<std::size_t>(q_matrices * block * E));
+    dk_part.resize(static_cast<std::size_t>(kv_matrices * largest * E));
+    dv_part.resize(static_cast<std::size_t>(kv_matrices * largest * Ev));
+    incoming.resize(gradient_floats(call, largest));
+    for (auto& g : step_grads) g.resize(incoming.size());
+    buffers[0].resize(kv_layout(call, largest, false).total());
+    if (sh.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
+    if (sh.exchange == Exchange::all_gather) {
+      gathered = plan_gather(call);
+      std::size_t total = 0;
+      for (int k = 0; k < N; ++k) {
+        const std::size_t floats = gradient_floats(call, shard_length(sh.key_length, N, k, sh.partition));
+        // MPI_Reduce_scatter counts elements in an int.
+        if (floats > static_cast<std::size_t>(INT_MAX))
+          sdpa::detail::fail("sharding.exchange",
+                             "expected every shard's dK/dV within 2^31 elements for all_gather, got more; use ring");
+        grad_offset.push_back(total);
+        grad_floats.push_back(static_cast<int>(floats));
+        total += floats;
+      }
+      all_grads.assign(total, Acc{0});
+    }
+  }
+};
+
+template <class Acc>
+void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in, const BackwardOutputs& outputs,
+                   BackwardBuffers<Acc>& buf) {
   RingStats& stats = last_ring_stats();
   const DType acc_dtype = std::is_same_v<Acc, double> ? DType::float64 : DType::float32;
   const int N = call.ranks, r = call.rank;
@@ -46,41 +124,24 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
   const std::vector<Piece> q_pieces = shard_pieces(sh.query_length, N, r, sh.partition);
   const GlobalBand band = global_band(call);
   auto keys_of = [&](int rank) { return shard_length(sh.key_length, N, rank, sh.partition); };
+  auto gradient_floats = [&](std::int64_t rows) { return detail::gradient_floats(call, rows); };
 
-  std::vector<Acc> dq(static_cast<std::size_t>(q_matrices * Lr * E), Acc{0});
+  std::vector<Acc>&dq = buf.dq, &dq_part = buf.dq_part, &dk_part = buf.dk_part, &dv_part = buf.dv_part;
+  std::vector<Acc>*step_grads = buf.step_grads, &incoming = buf.incoming;
+  std::vector<std::byte>* buffers = buf.buffers;
   const std::int64_t block = std::min(block_rows(Lr), std::max<std::int64_t>(Lr, 1));
-  std::int64_t largest = 0;
-  for (int k = 0; k < N; ++k) largest = std::max(largest, keys_of(k));
-  std::vector<Acc> dq_part(static_cast<std::size_t>(q_matrices * block * E));
-  std::vector<Acc> dk_part(static_cast<std::size_t>(kv_matrices * largest * E));
-  std::vector<Acc> dv_part(static_cast<std::size_t>(kv_matrices * largest * Ev));
-  // dK then dV of one shard: the accumulator that travels.
-  auto gradient_floats = [&](std::int64_t rows) { return static_cast<std::size_t>(kv_matrices * rows * (E + Ev)); };
-  std::vector<Acc> step_grads[2], incoming(gradient_floats(largest));
-  for (auto& g : step_grads) g.resize(gradient_floats(largest));
-
-  std::vector<std::byte> buffers[2];
-  buffers[0].resize(kv_layout(call, largest, false).total());
-  if (sh.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
   pack_kv(call, in.key, in.value, buffers[0].data());
 
   // All-gather: every K/V shard at once; each rank's contributions to every shard's dK/dV
   // in one buffer (shard after shard), summed onto the owners by one reduce-scatter.
   const bool gather = sh.exchange == Exchange::all_gather;
-  GatheredKv gathered;
-  std::vector<Acc> all_grads;
-  std::vector<std::size_t> grad_offset;
-  std::vector<int> grad_floats;
+  GatheredKv& gathered = buf.gathered;
+  std::vector<Acc>& all_grads = buf.all_grads;
+  const std::vector<std::size_t>& grad_offset = buf.grad_offset;
+  const std::vector<int>& grad_floats = buf.grad_floats;
   if (gather) {
-    gathered = gather_kv(comm, call, buffers[0].data());
+    gather_kv(comm, call, buffers[0].data(), gathered);
     stats.bytes_sent += gathered.bytes_sent;
-    std::size_t total = 0;
-    for (int k = 0; k < N; ++k) {
-      grad_offset.push_back(total);
-      grad_floats.push_back(static_cast<int>(gradient_floats(keys_of(k))));
-      total += gradient_floats(keys_of(k));
-    }
-    all_grads.assign(total, Acc{0});
   }
 
   Transfer kv_exchange(comm, kKeyValueTag), grad_receive(comm, kGradientTag),
@@ -196,6 +257,7 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
       for (std::int64_t e = 0; e < E; ++e) gk.store<Acc>(m, j, e, dk[(m * Sr + j) * E + e]);
       for (std::int64_t d = 0; d < Ev; ++d) gv.store<Acc>(m, j, d, dv[(m * Sr + j) * Ev + d]);
     }
+  if (outputs.grad_sinks) store_sink_gradients_over_ranks(comm, call, in, *outputs.grad_sinks);
 }
 
 }  // namespace
@@ -208,6 +270,8 @@ void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs
   const auto start = std::chrono::steady_clock::now();
   last_ring_stats() = {};
   ShardCall call;
+  std::optional<BackwardBuffers<float>> buffers32;
+  std::optional<BackwardBuffers<double>> buffers64;
   agree(
       comm,
       [&] {
@@ -224,17 +288,25 @@ void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs
         std::vector<sdpa::detail::Span> spans = call.input_spans;
         sdpa::detail::check_backward_reads(inputs, call.output_shape, call.lse_shape, call.dtype, call.lse_dtype,
                                            spans);
-        sdpa::detail::check_outputs({{&outputs.grad_query, "grad_query", &inputs.query.shape, call.dtype},
-                                     {&outputs.grad_key, "grad_key", &inputs.key.shape, call.dtype},
-                                     {&outputs.grad_value, "grad_value", &inputs.value.shape, call.dtype}},
-                                    spans);
+        std::vector<sdpa::detail::ExpectedView> outs{
+            {&outputs.grad_query, "grad_query", &inputs.query.shape, call.dtype},
+            {&outputs.grad_key, "grad_key", &inputs.key.shape, call.dtype},
+            {&outputs.grad_value, "grad_value", &inputs.value.shape, call.dtype}};
+        sdpa::detail::expect_grad_sinks(outputs, options, outs);
+        sdpa::detail::check_outputs(outs, spans);
+        if (call.dtype == DType::float64)
+          buffers64.emplace(call);
+        else
+          buffers32.emplace(call);
         return call.signature;
       },
       "sharding");
-  if (call.dtype == DType::float64)
-    ring_backward<double>(comm, call, inputs, outputs);
-  else
-    ring_backward<float>(comm, call, inputs, outputs);
+  after_agreement(comm, "sdpa::distributed::backward", [&] {
+    if (buffers64)
+      ring_backward<double>(comm, call, inputs, outputs, *buffers64);
+    else
+      ring_backward<float>(comm, call, inputs, outputs, *buffers32);
+  });
   last_ring_stats().total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

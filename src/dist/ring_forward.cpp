@@ -2,7 +2,9 @@
 // computes its queries against it while that shard moves on to rank r + 1 and the next
 // one arrives from r − 1, and merges each partial output into its accumulator by the
 // log-sum-exp (merge.h). Query pieces go in blocks, with an MPI poll between blocks, so
-// that the transfer advances during the compute (exchange.h).
+// that the transfer advances during the compute (exchange.h). The sinks join each row
+// once, after the last merge (merge.h's fold_sink): the steps' partial softmaxes carry
+// none, or every step would count them again.
 //
 // Work skipped: a (query block, key piece) pair whose keys the band masks for every
 // query of the block (causal, window) is never computed. With the zigzag partition a
@@ -10,6 +12,7 @@
 #include <time.h>
 
 #include <chrono>
+#include <optional>
 #include <vector>
 
 #include "api/operands.h"
@@ -48,37 +51,53 @@ void run_problem(const Problem& p, Backend backend) {
 // Query rows per block: about eight polls of the exchange per piece, never tiny blocks.
 std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
 
+// Everything the forward allocates by the call's sizes, allocated before the ranks agree
+// (agreement.h): memory running out is then an error on every rank, not a rank missing
+// from the ring.
+template <class Acc>
+struct ForwardBuffers {
+  std::vector<Acc> acc_out, acc_lse;    // output rows (matrices × Lr × Ev) and lse, accumulated
+  std::vector<Acc> part_out, part_lse;  // one query block's partial output and lse
+  std::vector<std::byte> buffers[2];    // the K/V shard in hand and the one arriving
+  GatheredKv gathered;                  // all-gather: every shard
+
+  explicit ForwardBuffers(const ShardCall& call) {
+    const int N = call.ranks;
+    const std::int64_t matrices = call.batch * call.heads_q, Lr = call.L_shard, Ev = call.Ev;
+    acc_out.assign(static_cast<std::size_t>(matrices * Lr * Ev), Acc{0});
+    acc_lse.assign(static_cast<std::size_t>(matrices * Lr), -std::numeric_limits<Acc>::infinity());
+    const std::int64_t block = std::min(block_rows(Lr), Lr);
+    part_out.resize(static_cast<std::size_t>(matrices * block * Ev));
+    part_lse.resize(static_cast<std::size_t>(matrices * block));
+    // Two buffers of the largest shard (one for the all-gather: this rank's, packed).
+    std::int64_t largest = 0;
+    for (int k = 0; k < N; ++k)
+      largest = std::max(largest, shard_length(call.sharding.key_length, N, k, call.sharding.partition));
+    buffers[0].resize(kv_layout(call, largest, false).total());
+    if (call.sharding.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
+    if (call.sharding.exchange == Exchange::all_gather) gathered = plan_gather(call);
+  }
+};
+
 template <class Acc>
 void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query, const TensorView& key,
-                  const TensorView& value, const ForwardOutputs& outputs) {
+                  const TensorView& value, const ForwardOutputs& outputs, ForwardBuffers<Acc>& buf) {
   RingStats& stats = last_ring_stats();
   const DType acc_dtype = std::is_same_v<Acc, double> ? DType::float64 : DType::float32;
   const int N = call.ranks, r = call.rank;
   const std::int64_t matrices = call.batch * call.heads_q, Lr = call.L_shard, Ev = call.Ev;
   const std::vector<Piece> q_pieces = shard_pieces(call.sharding.query_length, N, r, call.sharding.partition);
   const GlobalBand band = global_band(call);
-
-  // Accumulators: output rows (matrices × Lr × Ev) and lse, in the accumulation dtype.
-  std::vector<Acc> acc_out(static_cast<std::size_t>(matrices * Lr * Ev), Acc{0});
-  std::vector<Acc> acc_lse(static_cast<std::size_t>(matrices * Lr), -std::numeric_limits<Acc>::infinity());
+  std::vector<Acc>&acc_out = buf.acc_out, &acc_lse = buf.acc_lse, &part_out = buf.part_out, &part_lse = buf.part_lse;
+  std::vector<std::byte>* buffers = buf.buffers;
   const std::int64_t block = block_rows(Lr);
-  std::vector<Acc> part_out(static_cast<std::size_t>(matrices * std::min(block, Lr) * Ev));
-  std::vector<Acc> part_lse(static_cast<std::size_t>(matrices * std::min(block, Lr)));
-
-  // Two buffers of the largest shard: the one in hand and the one arriving.
-  std::int64_t largest = 0;
-  for (int k = 0; k < N; ++k)
-    largest = std::max(largest, shard_length(call.sharding.key_length, N, k, call.sharding.partition));
-  std::vector<std::byte> buffers[2];
-  buffers[0].resize(kv_layout(call, largest, false).total());
-  if (call.sharding.exchange == Exchange::ring) buffers[1].resize(buffers[0].size());
   pack_kv(call, key, value, buffers[0].data());
 
   // All-gather: every shard at once, then the same steps without transfers.
   const bool gather = call.sharding.exchange == Exchange::all_gather;
-  GatheredKv gathered;
+  GatheredKv& gathered = buf.gathered;
   if (gather) {
-    gathered = gather_kv(comm, call, buffers[0].data());
+    gather_kv(comm, call, buffers[0].data(), gathered);
     stats.bytes_sent += gathered.bytes_sent;
   }
 
@@ -132,6 +151,12 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
   }
   stats.bytes_sent += exchange.bytes_sent();
 
+  // The sinks, once per row, after the last merge (merge.h).
+  if (!call.sinks.empty())
+    for (std::int64_t m = 0; m < matrices; ++m)
+      fold_sink(acc_out.data() + m * Lr * Ev, acc_lse.data() + m * Lr,
+                static_cast<Acc>(call.sinks[static_cast<std::size_t>(m)]), Lr, Ev);
+
   // This rank's rows of the output (input dtype) and lse.
   const sdpa::detail::Operand out = sdpa::detail::make_operand(outputs.output, call.batch_shape, call.heads_q);
   for (std::int64_t m = 0; m < matrices; ++m)
@@ -155,6 +180,8 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
   const auto start = std::chrono::steady_clock::now();
   last_ring_stats() = {};
   ShardCall call;
+  std::optional<ForwardBuffers<float>> buffers32;
+  std::optional<ForwardBuffers<double>> buffers64;
   agree(
       comm,
       [&] {
@@ -164,13 +191,19 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
         std::vector<sdpa::detail::ExpectedView> outs{{&outputs.output, "output", &call.output_shape, call.dtype}};
         if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &call.lse_shape, call.lse_dtype});
         sdpa::detail::check_outputs(outs, call.input_spans);
+        if (call.dtype == DType::float64)
+          buffers64.emplace(call);
+        else
+          buffers32.emplace(call);
         return call.signature;
       },
       "sharding");
-  if (call.dtype == DType::float64)
-    ring_forward<double>(comm, call, query, key, value, outputs);
-  else
-    ring_forward<float>(comm, call, query, key, value, outputs);
+  after_agreement(comm, "sdpa::distributed::forward", [&] {
+    if (buffers64)
+      ring_forward<double>(comm, call, query, key, value, outputs, *buffers64);
+    else
+      ring_forward<float>(comm, call, query, key, value, outputs, *buffers32);
+  });
   last_ring_stats().total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

@@ -47,9 +47,6 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   if (sharding.query_length < 0)
     fail("sharding.query_length", "expected >= 0, got " + std::to_string(sharding.query_length));
   if (sharding.key_length < 0) fail("sharding.key_length", "expected >= 0, got " + std::to_string(sharding.key_length));
-  // Sinks would join every step's partial softmax and so count once per step in the
-  // merge; folding them once after the merge is not built yet.
-  if (options.sinks) fail("sinks", "not supported by ring attention yet (use sdpa::forward on one process)");
   call.options = options;
   call.options.mask.reset();
   const sdpa::detail::CheckedInputs in = sdpa::detail::check_inputs(query, key, value, call.options);
@@ -62,6 +59,14 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   call.dtype = query.dtype;
   call.lse_dtype = in.lse_dtype;
   call.input_spans = sdpa::detail::per_head_spans(call.options);
+  // The per-head tensors, one value per query matrix: the sinks leave the pieces' options
+  // (ring_forward folds them once); the ALiBi slopes join the signature.
+  Problem per_head;
+  per_head.batch = call.batch;
+  per_head.heads_q = call.heads_q;
+  sdpa::detail::resolve_options(call.options, call.dtype, per_head);
+  call.sinks = per_head.sinks;
+  call.options.sinks.reset();
   for (const auto& [view, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}})
     call.input_spans.push_back(sdpa::detail::check_view(*view, name));
   call.output_shape = in.output_shape;
@@ -101,11 +106,13 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
     << options.offset << ", backend " << static_cast<int>(options.backend) << ", mask "
     << (options.mask ? "key padding" : "none") << ", alibi ";
   if (options.alibi_slopes) {
-    Problem slopes;
-    slopes.batch = call.batch;
-    slopes.heads_q = call.heads_q;
-    sdpa::detail::resolve_options(call.options, call.dtype, slopes);
-    for (double slope : slopes.alibi_slopes) s << slope << ' ';
+    for (double slope : per_head.alibi_slopes) s << slope << ' ';
+  } else {
+    s << "none";
+  }
+  s << ", sinks ";
+  if (options.sinks) {
+    for (double sink : call.sinks) s << sink << ' ';
   } else {
     s << "none";
   }

@@ -36,7 +36,11 @@ struct ShardCall {
   DType dtype = DType::float32;
   DType lse_dtype = DType::float32;             // float64 for float64
   std::vector<sdpa::detail::Span> input_spans;  // query, key, value, the mask: no output may overlap them
-  Options options;                              // the caller's, without the key-padding mask (it travels instead)
+  Options options;  // the caller's, without the key-padding mask (it travels) and the sinks (folded once, below)
+  // The sinks, one logit per query matrix (empty without): they join each row's softmax
+  // once, after the last merge (fold_sink, merge.h), never a step's partial softmax,
+  // which would count them once per step.
+  std::vector<double> sinks;
   std::optional<TensorView> key_padding;
   std::string signature;  // what every rank must agree on
 };

@@ -61,6 +61,67 @@ def test_ring_run_writes_the_single_process_file(tmp_path, ranks, dtype, L, S, f
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("dtype, L, S, sinks_shape, flags", [
+    (np.float64, 37, 37, (4,), ["--causal", "top-left"]),
+    (np.float32, 33, 50, (2, 4), []),
+    # Bottom-right with L > S: the first queries see no key (output 0, lse = sink).
+    (np.float64, 45, 29, (2, 4), ["--causal", "bottom-right", "--partition", "contiguous"]),
+])
+def test_ring_run_with_sinks_writes_the_single_process_file(tmp_path, ranks, dtype, L, S, sinks_shape, flags):
+    write_inputs(tmp_path, dtype, L, S)
+    np.save(tmp_path / "s.npy", np.random.default_rng(3).standard_normal(sinks_shape) * 2)
+    common = ["-q", "q.npy", "-k", "k.npy", "-v", "v.npy", "--sinks", "s.npy"] + flags
+    single = run(["run"] + common + ["-o", "single.npy", "--lse", "single_lse.npy"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    ring = run(["run", "--ring"] + common + ["-o", "ring.npy", "--lse", "ring_lse.npy"], ranks=ranks, cwd=tmp_path)
+    assert ring.returncode == 0, ring.stdout + ring.stderr
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    for name in ("", "_lse"):
+        a, b = np.load(tmp_path / f"single{name}.npy"), np.load(tmp_path / f"ring{name}.npy")
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.abs(a - b).max() <= tolerance * max(1.0, np.abs(a).max())
+
+
+def _append_only(folder: Path) -> bool:
+    """Makes `folder` append-only (chattr +a: entries may be added, none renamed or removed),
+    where the file system and the user allow it (root on ext4, xfs, btrfs)."""
+    chattr = shutil.which("chattr")
+    return bool(chattr) and subprocess.run([chattr, "+a", str(folder)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("out_exists", [True, False])
+def test_a_failing_rename_on_rank_0_fails_every_rank_and_changes_no_output(tmp_path, out_exists):
+    # Rank 0 renames the temporaries last. Here --lse lies in an append-only folder: its
+    # temporary can be made and written, but not renamed over lse.npy. Every rank must fail
+    # (not only rank 0), and --out, renamed just before, must be as it was: the old file
+    # back, or no file where there was none.
+    write_inputs(tmp_path, np.float64, 16, 16)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "lse.npy").write_bytes(b"old lse")
+    if out_exists:
+        (tmp_path / "out.npy").write_bytes(b"old out")
+    if not _append_only(locked):
+        pytest.skip("chattr +a refused here (needs root and a file system with the append-only flag)")
+    try:
+        ring = run(["run", "--ring", "-q", "q.npy", "-k", "k.npy", "-v", "v.npy", "-o", "out.npy", "--lse",
+                    "locked/lse.npy"], ranks=2, cwd=tmp_path)
+    finally:
+        subprocess.run([shutil.which("chattr"), "-a", str(locked)], check=True)
+    assert ring.returncode == 2, ring.stdout + ring.stderr
+    assert ring.stderr.count("sdpa: error:") == 2, ring.stderr  # one message per rank (their lines may interleave)
+    assert ring.stderr.count("locked/lse.npy: cannot replace it") == 2, ring.stderr
+    assert "(on rank 0)" in ring.stderr, ring.stderr  # rank 1's: rank 0's error, broadcast
+    assert (locked / "lse.npy").read_bytes() == b"old lse"
+    if out_exists:
+        assert (tmp_path / "out.npy").read_bytes() == b"old out"
+    else:
+        assert not (tmp_path / "out.npy").exists()
+    # No temporary beside --out; the append-only folder keeps its (it forbids removing one).
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 def test_a_bad_input_fails_every_rank_and_writes_nothing(tmp_path):
     write_inputs(tmp_path, np.float64, 16, 16)
     np.save(tmp_path / "bad.npy", np.zeros(5))  # rank 1: not (…, seq, dim)

@@ -12,8 +12,12 @@
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <random>
 #include <string>
+
+#include <sys/resource.h>
 
 #include "sdpa/distributed.h"
 #include "testing/helpers.h"
@@ -66,6 +70,11 @@ struct RingCase {
   bool alibi = false;
   bool gradients = true;  // also compare the backward
   bool grad_lse = false;  // with a gradient of the lse
+  // Attention sinks: none, one per head (Hq,), or one per (batch, head); their dtype. The
+  // last head's sink is −inf (no sink) when `no_sink_head`.
+  enum class Sinks { none, per_head, per_batch_head } sinks = Sinks::none;
+  DType sinks_dtype = DType::float64;
+  bool no_sink_head = false;
 };
 
 Shape dims(const Shape& batch, std::int64_t h, std::int64_t rows, std::int64_t cols) {
@@ -92,6 +101,15 @@ void expect_ring_matches(RingCase c) {
     for (std::int64_t h = 0; h < c.Hq; ++h) slopes.set(h, 0.5 / static_cast<double>(h + 1));
     single.alibi_slopes = slopes.view();
   }
+  Tensor sinks;
+  if (c.sinks != RingCase::Sinks::none) {
+    Shape shape{c.Hq};
+    if (c.sinks == RingCase::Sinks::per_batch_head) shape.insert(shape.begin(), c.batch.begin(), c.batch.end());
+    sinks = testing::random_tensor(c.sinks_dtype, shape, rng, 2.0);
+    if (c.no_sink_head)
+      for (std::int64_t m = c.Hq - 1; m < sinks.numel(); m += c.Hq) sinks.set(m, -std::numeric_limits<double>::infinity());
+    single.sinks = sinks.view();
+  }
   const ForwardResult whole = sdpa::forward(q.view(), k.view(), v.view(), single, {.lse = true});
 
   const auto q_rows = shard_rows(c.L, N, r, c.partition), k_rows = shard_rows(c.S, N, r, c.partition);
@@ -111,6 +129,7 @@ void expect_ring_matches(RingCase c) {
     ring.mask = padding_shard.view();
   }
   if (c.alibi) ring.alibi_slopes = slopes.view();
+  if (c.sinks != RingCase::Sinks::none) ring.sinks = sinks.view();
   Tensor out(c.dtype, dims(c.batch, c.Hq, shard_length(c.L, N, r, c.partition), c.Ev));
   Tensor lse(c.dtype == DType::float64 ? DType::float64 : DType::float32,
              Shape(out.shape().begin(), out.shape().end() - 1));
@@ -173,7 +192,21 @@ void expect_ring_matches(RingCase c) {
   BackwardInputs ring_in{q_shard.view(), k_shard.view(), v_shard.view(), out.view(), lse.view(), grad_out_shard.view()};
   if (c.grad_lse) ring_in.grad_lse = grad_lse_shard.view();
   Tensor dq(c.dtype, q_shard.shape()), dk(c.dtype, k_shard.shape()), dv(c.dtype, v_shard.shape());
-  backward(MPI_COMM_WORLD, ring_in, {dq.view(), dk.view(), dv.view(), std::nullopt}, {c.L, c.S, c.partition, c.exchange}, ring);
+  BackwardOutputs ring_grads{dq.view(), dk.view(), dv.view(), std::nullopt};
+  Tensor dsinks;
+  if (c.sinks != RingCase::Sinks::none) {
+    dsinks = Tensor(sinks.dtype(), sinks.shape());
+    ring_grads.grad_sinks = dsinks.view();
+  }
+  backward(MPI_COMM_WORLD, ring_in, ring_grads, {c.L, c.S, c.partition, c.exchange}, ring);
+  if (c.sinks != RingCase::Sinks::none) {
+    // Summed over every rank's rows: the whole tensor on every rank.
+    const double scale = std::max(1.0, testing::max_abs(expected.grad_sinks));
+    const double tol = c.dtype == DType::float64 ? 1e-12 * scale : 1e-4 * scale;
+    EXPECT_LE(testing::max_abs_diff(testing::to_float64(dsinks.view()), testing::to_float64(expected.grad_sinks.view())),
+              tol)
+        << "dsinks, rank " << r << " of " << N;
+  }
 
   const std::pair<const Tensor*, Tensor> pairs[] = {{&dq, gather_rows(expected.grad_query, q_rows)},
                                                     {&dk, gather_rows(expected.grad_key, k_rows)},
@@ -298,6 +331,52 @@ TEST(RingAllGather, KeyPaddingDropoutContiguousFloat32) {
   expect_ring_matches(c);
 }
 
+// Attention sinks join each row's softmax once, after the ring's last merge: the output,
+// the lse (which contains them) and every gradient, the sinks' own summed over the ranks,
+// equal the single-process call's.
+TEST(RingSinks, CausalZigzagFloat64) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 45, 45);
+  c.dtype = DType::float64;
+  c.sinks = RingCase::Sinks::per_head;
+  c.no_sink_head = true;
+  c.grad_lse = true;
+  expect_ring_matches(c);
+}
+
+TEST(RingSinks, PerBatchHeadContiguousFloat32) {
+  RingCase c;  // full attention, GQA, L not divisible by N
+  c.sinks = RingCase::Sinks::per_batch_head;
+  c.sinks_dtype = DType::float32;
+  c.grad_lse = true;
+  expect_ring_matches(c);
+}
+
+TEST(RingSinks, CausalZigzagFloat32) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 64, 64);
+  c.sinks = RingCase::Sinks::per_head;
+  expect_ring_matches(c);
+}
+
+TEST(RingSinks, RowsWithoutVisibleKeysGetLseSink) {
+  // Bottom-right with L > S: the first L − S queries see no key (output 0, lse = sink),
+  // and some ranks hold only such rows.
+  RingCase c = causal_case(Causal::bottom_right, Partition::contiguous, 47, 29);
+  c.dtype = DType::float64;
+  c.sinks = RingCase::Sinks::per_batch_head;
+  c.grad_lse = true;
+  expect_ring_matches(c);
+}
+
+TEST(RingSinks, WindowAllGatherFloat64) {
+  RingCase c = causal_case(Causal::none, Partition::zigzag, 50, 50);
+  c.dtype = DType::float64;
+  c.exchange = Exchange::all_gather;
+  c.options.window_left = 4;
+  c.options.window_right = 2;
+  c.sinks = RingCase::Sinks::per_head;
+  expect_ring_matches(c);
+}
+
 // A rank whose shard disagrees with the partition: every rank raises, none waits.
 TEST(RingErrors, BadShardOnOneRankFailsEveryRank) {
   const int N = comm_size(), r = comm_rank();
@@ -336,13 +415,14 @@ TEST(RingErrors, RanksDisagreeOnOptions) {
   }
 }
 
-// Sinks are refused (each step's partial softmax would count them once more), on every
-// rank, before any exchange.
-TEST(RingErrors, SinksAreRefused) {
+// Sinks are part of the call every rank must agree on: one rank's different sinks are
+// an error on every rank, before any exchange.
+TEST(RingErrors, SinksDifferOnOneRank) {
   const int N = comm_size(), r = comm_rank();
   const std::int64_t L = 4 * N;
   Tensor q(DType::float32, {2, L / N, 8}), k(DType::float32, {2, L / N, 8}), v(DType::float32, {2, L / N, 8});
-  Tensor out(DType::float32, {2, L / N, 8}), sinks(DType::float32, {2});
+  Tensor out(DType::float32, {2, L / N, 8}), sinks(DType::float32, {1});  // rank 3: one head
+  sinks.set(0, r == N - 1 ? 1.5 : 1.0);
   Options options;
   options.sinks = sinks.view();
   try {
@@ -350,8 +430,55 @@ TEST(RingErrors, SinksAreRefused) {
             {L, L, Partition::zigzag}, options);
     ADD_FAILURE() << "rank " << r << ": no error";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "sinks") << e.what();
+    EXPECT_EQ(e.argument(), "sharding") << e.what();
+    EXPECT_NE(std::string(e.what()).find("same call on every rank"), std::string::npos) << e.what();
   }
+}
+
+// Memory running out on one rank while the ring's buffers are allocated: they are
+// allocated before the agreement, so every rank raises (the others "(on rank k)")
+// instead of waiting in the ring for a rank that has gone. The test limits its own
+// address space on the last rank (setrlimit), no hook in the library; K and V are
+// stride-0 views (one row in memory, 2^20 rows long), the ring's K/V buffers are real.
+TEST(RingErrors, MemoryRunningOutOnOneRankFailsEveryRank) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot be set";
+#else
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t rows = std::int64_t{1} << 20, E = 16;  // 2^20 × 16 × 2 × 4 bytes = 128 MiB per K/V buffer
+  const std::int64_t L = 2 * N, S = rows * N;
+  Tensor q(DType::float32, {1, 2, E}), out(DType::float32, {1, 2, E}), row(DType::float32, {E});
+  TensorView k{row.data(), DType::float32, {1, rows, E}, {0, 0, 1}};
+  const TensorView& v = k;
+  rlimit before{};
+  getrlimit(RLIMIT_AS, &before);
+  const bool limited = r == N - 1;
+  if (limited) {
+    // What the process maps now, and 64 MiB more: less than one K/V buffer.
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    std::uint64_t kib = 0;
+    while (std::getline(status, line))
+      if (line.rfind("VmSize:", 0) == 0) kib = std::stoull(line.substr(7));
+    ASSERT_GT(kib, 0u);
+    rlimit tight = before;
+    tight.rlim_cur = (kib << 10) + (std::uint64_t{64} << 20);
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+  }
+  bool raised = false;
+  std::string what;
+  try {
+    forward(MPI_COMM_WORLD, q.view(), k, v, {out.view(), std::nullopt, std::nullopt}, {L, S, Partition::zigzag});
+  } catch (const Error& e) {
+    raised = true;
+    what = e.what();
+  }
+  if (limited) setrlimit(RLIMIT_AS, &before);
+  EXPECT_TRUE(raised) << "rank " << r << ": no error";
+  if (!limited) {
+    EXPECT_NE(what.find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << what;
+  }
+#endif
 }
 
 TEST(RingErrors, ReferenceBackward) {
