@@ -45,6 +45,7 @@
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
 #include "cpu/simd/score_modifiers-inl.h"
+#include "cpu/simd/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -186,8 +187,6 @@ class Task {
     std::fill(s_.do_rows.get(), s_.do_rows.get() + s_.block_rows * s_.Ev_pad, 0.0f);
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
-      std::fill(t.qt.get(), t.qt.get() + p_.E * R, 0.0f);
-      std::fill(t.dot.get(), t.dot.get() + std::max<std::int64_t>(p_.Ev, 1) * R, 0.0f);
       std::fill(t.dqt.get(), t.dqt.get() + p_.E * R, 0.0f);
       std::fill(t.lse2.get(), t.lse2.get() + R, kInf);
       std::fill(t.D.get(), t.D.get() + R, 0.0f);
@@ -195,15 +194,11 @@ class Task {
         const Row& row = t.rows[r];
         float* q_row = s_.q_rows.get() + (g * R + r) * s_.E_pad;
         LoadRow(p_.query, row.matrix, row.i, 0, p_.E, q_row);
-        for (std::int64_t e = 0; e < p_.E; ++e) t.qt[e * R + r] = q_row[e] * c;
         float* do_row = s_.do_rows.get() + (g * R + r) * s_.Ev_pad;
         LoadRow(p_.grad_output, row.matrix, row.i, 0, p_.Ev, do_row);
         LoadRow(p_.output, row.matrix, row.i, 0, p_.Ev, buffer);
         double d = 0;  // D = dO·O, in float64: one short sum per row
-        for (std::int64_t e = 0; e < p_.Ev; ++e) {
-          t.dot[e * R + r] = do_row[e];
-          d += static_cast<double>(do_row[e]) * buffer[e];
-        }
+        for (std::int64_t e = 0; e < p_.Ev; ++e) d += static_cast<double>(do_row[e]) * buffer[e];
         // A gradient of the returned lse adds P · dlse to dS: D − dlse in dS = P (dP − D).
         if (p_.grad_lse.present()) d -= p_.grad_lse.load<double>(row.matrix, row.i, 0);
         t.D[r] = static_cast<float>(d);
@@ -211,6 +206,12 @@ class Task {
         // A fully masked row (lse = −inf) gets +inf: 2^(s − inf) = 0 for every score.
         t.lse2[r] = lse == -std::numeric_limits<double>::infinity() ? kInf : static_cast<float>(lse * kLog2e);
       }
+      // Qᵀ and dOᵀ from the zero-padded row-major copies, padding rows included.
+      const auto E = static_cast<std::size_t>(p_.E), Ev = static_cast<std::size_t>(p_.Ev);
+      Transpose(s_.q_rows.get() + g * R * s_.E_pad, static_cast<std::size_t>(s_.E_pad), s_.rows, E, t.qt.get(), s_.rows);
+      for (std::size_t x = 0; x < E * s_.rows; ++x) t.qt[x] *= c;
+      Transpose(s_.do_rows.get() + g * R * s_.Ev_pad, static_cast<std::size_t>(s_.Ev_pad), s_.rows, Ev, t.dot.get(),
+                s_.rows);
     }
   }
 
@@ -323,15 +324,20 @@ class Task {
     return true;
   }
 
-  // dQ of the block's rows: scale · dQᵀᵀ into grad_query.
+  // dQ of the block's rows: scale · dQᵀᵀ into grad_query, through the block's row-major
+  // Q copy (read by nothing after this).
   void StoreQueryGradient() {
     const float scale = static_cast<float>(p_.scale);
-    const std::int64_t R = static_cast<std::int64_t>(s_.rows);
+    float* dq_rows = s_.q_rows.get();
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       const Subtile& t = s_.sub[g];
-      for (std::int64_t r = 0; r < static_cast<std::int64_t>(t.rows.size()); ++r)
-        for (std::int64_t e = 0; e < p_.E; ++e)
-          p_.grad_query.store<float>(t.rows[r].matrix, t.rows[r].i, e, t.dqt[e * R + r] * scale);
+      Transpose(t.dqt.get(), s_.rows, static_cast<std::size_t>(p_.E), t.rows.size(), dq_rows,
+                static_cast<std::size_t>(p_.E));
+      for (std::size_t r = 0; r < t.rows.size(); ++r) {
+        float* dq_row = dq_rows + r * p_.E;
+        for (std::int64_t e = 0; e < p_.E; ++e) dq_row[e] *= scale;
+        StoreRow(p_.grad_query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, dq_row);
+      }
     }
   }
 
@@ -340,8 +346,10 @@ class Task {
     for (std::int64_t c = 0; c < keys; ++c) {
       const float* dk = s_.dk.get() + c * s_.E_pad;
       const float* dv = s_.dv.get() + c * s_.Ev_pad;
-      for (std::int64_t e = 0; e < p_.E; ++e) p_.grad_key.store<float>(kvm_, key_begin_ + c, e, dk[e] * scale);
-      for (std::int64_t d = 0; d < p_.Ev; ++d) p_.grad_value.store<float>(kvm_, key_begin_ + c, d, dv[d]);
+      float* dk_row = s_.row_buffer.get();
+      for (std::int64_t e = 0; e < p_.E; ++e) dk_row[e] = dk[e] * scale;
+      StoreRow(p_.grad_key, kvm_, key_begin_ + c, 0, p_.E, dk_row);
+      StoreRow(p_.grad_value, kvm_, key_begin_ + c, 0, p_.Ev, dv);
     }
   }
 
