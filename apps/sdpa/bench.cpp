@@ -39,7 +39,13 @@ struct Point {
            " Hq=" + std::to_string(heads_q) + " Hkv=" + std::to_string(heads_kv) + " L=" + std::to_string(L) +
            " S=" + std::to_string(S) + " E=" + std::to_string(E) + (alignment() != Causal::none ? " causal" : "");
   }
-  double flops() const { return 4.0 * batch * heads_q * L * S * E * (causal && L == S ? 0.5 : 1.0); }
+  // FlashAttention's count: half of L·S when causal with L = S; for a few new tokens
+  // (bottom-right), the key pairs they see: L·S − L(L−1)/2.
+  double flops() const {
+    const double pairs = alignment() == Causal::bottom_right ? L * S - L * (L - 1) / 2.0
+                                                             : (causal && L == S ? 0.5 : 1.0) * L * S;
+    return 4.0 * batch * heads_q * pairs * E;
+  }
   double kv_bytes() const { return 2.0 * batch * heads_kv * S * E * static_cast<double>(dtype_size(dtype)); }
 };
 
