@@ -69,9 +69,13 @@ Options attention_options(const MultiHeadAttentionConfig& c, const AttentionCall
 // refuses what sdpa::forward would, in the same words, before any work. Its errors name the
 // field where the layer's caller set it: options.<field> becomes <owner>.<field> ("config"
 // or "call"), dropout_p the config's dropout.
-void check_attention_options(const Options& options, DType dtype, const std::string& owner) {
+void check_attention_options(const Options& options, DType dtype, const std::string& owner,
+                             std::int64_t heads_q = 0) {
   try {
     sdpa::detail::check_options(options, dtype);
+    // The (Hq,) per-head tensors (ALiBi slopes, sinks), whatever the batch: a sink too
+    // large for float32 is refused here, not at the first call.
+    if (heads_q > 0) sdpa::detail::check_per_head_options(options, {}, heads_q, dtype);
   } catch (const Error& error) {
     const std::string& argument = error.argument();
     std::string field = argument.substr(argument.find('.') + 1);
@@ -116,10 +120,6 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
       fail("config.rope.base", "expected a finite base > 0, got " + std::to_string(c.rope->base));
     }
   }
-  // Dropout, window and softcap, as a training call passes them.
-  AttentionCall training;
-  training.training = true;
-  check_attention_options(attention_options(c, training), c.dtype, "config");
   // The per-head values as the (Hq,) float64 tensors the calls hand to sdpa::forward.
   const auto per_head = [&](const std::vector<double>& values, const char* name, const char* what) {
     if (values.empty()) return Tensor();
@@ -132,6 +132,13 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   };
   alibi_slopes_ = per_head(c.alibi_slopes, "alibi_slopes", "slope");
   sinks_ = per_head(c.sinks, "sinks", "sink");
+  // Dropout, window, softcap and the per-head values, as a training call passes them.
+  AttentionCall training;
+  training.training = true;
+  Options options = attention_options(c, training);
+  if (!c.alibi_slopes.empty()) options.alibi_slopes = alibi_slopes_.view();
+  if (!c.sinks.empty()) options.sinks = sinks_.view();
+  check_attention_options(options, c.dtype, "config", c.num_heads);
 
   const std::int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
   q_weight_ = Tensor(c.dtype, {q_out, c.embed_dim});

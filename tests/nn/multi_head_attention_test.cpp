@@ -511,6 +511,13 @@ TEST(MultiHeadAttentionTest, RejectsBadConfigurationsAndInputs) {
   c = config(8, 2);
   c.alibi_slopes = {0.5, 0.25, 0.125};  // 2 heads
   bad_config(c, "config.alibi_slopes");
+  c = config(8, 2);
+  c.sinks = {0.5};  // 2 heads
+  bad_config(c, "config.sinks");
+  c = config(8, 2);
+  c.dtype = DType::float32;
+  c.sinks = {0.5, 1e39};  // finite in float64, +inf in float32: refused at construction, not at the first call
+  bad_config(c, "config.sinks");
 
   MultiHeadAttention layer(config(8, 2));
   auto bad_call = [&](const TensorView& q, const TensorView& k, const TensorView& v, const AttentionCall& call,
