@@ -221,6 +221,9 @@ std::pair<std::vector<std::int64_t>, std::int64_t> parse_int_table(const std::st
 }
 
 int run_command(const RunArgs& args) {
+#ifdef SDPA_HAVE_MPI
+  std::optional<MpiSession> mpi;  // --ring: ends after the error report (ring_run.h)
+#endif
   try {
     check_layout_flags(args);
     if (args.ring) {
@@ -232,6 +235,7 @@ int run_command(const RunArgs& args) {
       OptionTensors tensors;
       if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
       if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);
+      mpi.emplace();
       ring_run(args, make_options(args, tensors));
       return kExitOk;
 #else

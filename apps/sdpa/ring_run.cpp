@@ -32,21 +32,6 @@ namespace {
 
 using distributed::detail::agree;
 
-// MPI for the duration of the command (mpirun starts the processes; a plain `sdpa run
-// --ring` is a single rank, MPI's singleton mode).
-struct MpiSession {
-  MpiSession() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) MPI_Init(nullptr, nullptr);
-  }
-  ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-
 std::vector<io::RowRange> io_rows(const std::vector<distributed::RowRange>& rows) {
   std::vector<io::RowRange> out;
   for (const auto& r : rows) out.push_back({r.begin, r.end});
@@ -157,8 +142,19 @@ void commit(const std::vector<SharedOutput>& files) {
 
 }  // namespace
 
+MpiSession::MpiSession() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) MPI_Init(nullptr, nullptr);
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
 void ring_run(const RunArgs& args, const Options& options) {
-  const MpiSession session;
   MPI_Comm comm = MPI_COMM_WORLD;
   int rank = 0, ranks = 1;
   MPI_Comm_rank(comm, &rank);
