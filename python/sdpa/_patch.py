@@ -101,12 +101,16 @@ class TorchPatch:
         if named is not None and self._sdpa_takes(named):
             from ._api import scaled_dot_product_attention
 
+            # With dropout, sdpa draws its seed from torch's generator before the library
+            # checks the call; a refused call must leave that generator as torch alone would.
+            rng_state = self._torch.get_rng_state() if named.get("dropout_p") else None
             try:
                 output = scaled_dot_product_attention(**named)
             except (TypeError, ValueError, NotImplementedError):
                 # The library refuses what it cannot compute before doing anything; torch
                 # then computes it, or raises its own error for a call that is wrong.
-                pass
+                if rng_state is not None:
+                    self._torch.set_rng_state(rng_state)
             else:
                 self.counts["sdpa"] += 1
                 return output

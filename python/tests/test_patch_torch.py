@@ -101,6 +101,21 @@ def test_calls_sdpa_does_not_take_go_to_torch_and_are_counted():
     assert_close_float32(ok, TORCH_SDPA(q, q, q), "supported call")
 
 
+def test_a_refused_dropout_call_draws_from_torchs_generator_as_torch_alone_does():
+    # sdpa refuses a scale beyond float32 (torch computes it: infinite scores); with dropout
+    # it has drawn a seed first, which must not leave torch's generator one draw ahead.
+    q = torch.randn(1, 2, 4, 8)
+    torch.manual_seed(5)
+    TORCH_SDPA(q, q, q, dropout_p=0.5, scale=1e39)
+    expected = torch.rand(4)
+    with sdpa.patch_torch() as patch:
+        torch.manual_seed(5)
+        F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, scale=1e39)
+        after = torch.rand(4)
+    assert patch.counts == {"sdpa": 0, "torch": 1}
+    assert torch.equal(after, expected)
+
+
 def test_leaving_the_block_restores_torch_even_on_an_exception():
     with pytest.raises(KeyError):
         with sdpa.patch_torch():
