@@ -74,10 +74,23 @@ def _batch_dims(ndim: int) -> int:
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
 
 
-def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name):
-    if isinstance(fw, _Torch):
+def _autograd_module():
+    """sdpa._autograd, imported on the first torch call (it imports torch) and kept: an
+    import statement in the call itself costs a microsecond or two every time."""
+    global _AUTOGRAD
+    if _AUTOGRAD is None:
         from . import _autograd
 
+        _AUTOGRAD = _autograd
+    return _AUTOGRAD
+
+
+_AUTOGRAD = None
+
+
+def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name):
+    if isinstance(fw, _Torch):
+        _autograd = _autograd_module()
         if _autograd.wanted(q, k, v, mask, sinks):
             # Training (or torch.compile): the custom op with its registered backward.
             if weights:
@@ -264,8 +277,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if q.ndim == k.ndim == v.ndim:
         # torch's math broadcasts batch dims of size 1 (matmul); expanded views cost nothing.
         nb = _batch_dims(q.ndim)
-        shapes = [tuple(t.shape[:nb]) for t in (q, k, v)]
-        if len(set(shapes)) > 1:
+        shapes = (q.shape[:nb], k.shape[:nb], v.shape[:nb])
+        if not shapes[0] == shapes[1] == shapes[2]:
             try:
                 batch = np.broadcast_shapes(*shapes)
             except ValueError:

@@ -16,7 +16,9 @@ The tensor options (mask, alibi_slopes) travel beside the other tensors of a cal
 
 from __future__ import annotations
 
+import atexit
 import collections
+import functools
 import math
 import numbers
 
@@ -52,12 +54,21 @@ def unflatten(values) -> Options:
                      for name, value in zip(_NAMES, values)))
 
 
+@functools.lru_cache(maxsize=256)
 def to_core(options: Options) -> _core.Options:
-    """The sdpa._core.Options (sdpa::Options) holding `options`."""
+    """The sdpa._core.Options (sdpa::Options) holding `options`. Cached: a model calls with
+    the same few options thousands of times, and setting the fields one by one costs
+    microseconds, as much as a small head's computation. The binding takes it by const
+    reference and the object never leaves this module, so a cached one is never changed."""
     core = _core.Options()
     for name, value in zip(_NAMES, options):
         setattr(core, name, value)
     return core
+
+
+# Emptied before the interpreter tears the extension down, which reports every object of
+# its types still alive then as a leak.
+atexit.register(to_core.cache_clear)
 
 
 _CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}
