@@ -129,7 +129,8 @@ void backward_varlen(const BackwardInputs& inputs, const VarlenSequences& sequen
   for (std::size_t b = 0; b < calls.size(); ++b) {
     run(calls[b].problem, calls[b].gradients, options.backend);
     if (outputs.grad_sinks)
-      detail::add_sink_gradients(calls[b].problem, sink_gradients.data() + b * static_cast<std::size_t>(inputs.query.shape[0]));
+      detail::add_sink_gradients(calls[b].problem,
+                                 sink_gradients.data() + b * static_cast<std::size_t>(inputs.query.shape[0]));
   }
   if (outputs.grad_sinks) detail::store_sink_gradients(sink_gradients, *outputs.grad_sinks);
 }

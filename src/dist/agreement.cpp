@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -83,6 +84,7 @@ void after_agreement(MPI_Comm comm, const char* call, const std::function<void()
                call, rank, what.c_str());
   std::fflush(stderr);
   MPI_Abort(comm, 1);
+  std::abort();  // MPI_Abort does not return; should an implementation's, this rank still ends
 }
 
 }  // namespace sdpa::distributed::detail

@@ -24,9 +24,9 @@ void agree(MPI_Comm comm, const std::function<std::string()>& check, const char*
 // (memory running out in a kernel's scratch, say) ends the whole job: this rank prints
 // the error with its rank and `call` to stderr and calls MPI_Abort on `comm`. Why not an
 // error on every rank, as agree() gives: the other ranks are by then inside the ring,
-// blocked in a receive or a collective that waits on this rank, and MPI (before ULFM's
-// fault tolerance, which Debian's Open MPI does not enable) has no way to reach them
-// there; MPI_Abort is the one call that ends them within seconds instead of never.
+// blocked in a receive or a collective that waits on this rank, and MPI has no way to
+// reach them there (ULFM's fault tolerance came with Open MPI 5; Debian 12 has 4.1);
+// MPI_Abort is the one call that ends them within seconds instead of never.
 // Everything whose size the call knows is allocated before the agreement, so an error
 // reaching this point is rare.
 void after_agreement(MPI_Comm comm, const char* call, const std::function<void()>& work);

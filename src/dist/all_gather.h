@@ -12,10 +12,10 @@
 namespace sdpa::distributed::detail {
 
 struct GatheredKv {
-  std::vector<std::byte> bytes;                 // every shard, rank after rank
-  std::vector<std::size_t> offset;              // where rank k's shard starts
-  std::vector<int> counts, displacements;       // MPI_Allgatherv's, in bytes
-  double bytes_sent = 0;                        // this rank's shard, once to each other rank
+  std::vector<std::byte> bytes;            // every shard, rank after rank
+  std::vector<std::size_t> offset;         // where rank k's shard starts
+  std::vector<int> counts, displacements;  // MPI_Allgatherv's, in bytes
+  double bytes_sent = 0;                   // this rank's shard, once to each other rank
 };
 
 // The gather's sizes and its buffer, before the ranks agree (so that a size MPI cannot
