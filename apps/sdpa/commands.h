@@ -49,7 +49,7 @@ struct RunArgs {
   // writes only its rows; partition zigzag | contiguous.
   bool ring = false;
   std::string partition = "zigzag";
-  std::string exchange = "ring";  // ring | all-gather
+  std::string exchange = "auto";  // auto (ordered for float64, else ring) | ring | all-gather | ordered
 };
 int run_command(const RunArgs& args);
 

@@ -180,13 +180,16 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       run->add_option("--seq-lens", flags.seq_lens, "Paged KV cache: keys in each sequence, e.g. 5,7");
   run->add_flag("--ring", a.ring,
                 "Under mpirun: split the sequence across the ranks (ring attention); each rank reads and writes "
-                "only its rows (no --mask, --weights, varlen or paged flags)");
+                "only its rows (no --mask, --weights, varlen or paged flags). float64 inputs give the "
+                "single-process output file's bytes (the ordered exchange)");
   run->add_option("--partition", a.partition, "With --ring: zigzag (balanced when causal) or contiguous")
       ->check(CLI::IsMember({"zigzag", "contiguous"}))
       ->capture_default_str();
   run->add_option("--exchange", a.exchange,
-                  "With --ring: ring (K/V passed around, memory O(shard)) or all-gather (K/V gathered once; GQA/MQA)")
-      ->check(CLI::IsMember({"ring", "all-gather"}))
+                  "With --ring: ring (K/V passed around, memory O(shard)), all-gather (K/V gathered once; "
+                  "GQA/MQA), ordered (K/V broadcast in key order, softmax state carried: float64 bitwise the "
+                  "single-process run) or auto (ordered for float64 inputs, else ring)")
+      ->check(CLI::IsMember({"auto", "ring", "all-gather", "ordered"}))
       ->capture_default_str();
 }
 

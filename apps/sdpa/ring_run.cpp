@@ -201,8 +201,13 @@ void ring_run(const RunArgs& args, const Options& options) {
   Tensor lse(query.dtype() == DType::float64 ? DType::float64 : DType::float32, lse_shape);
   ForwardOutputs outputs{output.view(), std::nullopt, std::nullopt};
   if (args.lse) outputs.lse = lse.view();
+  // auto: float64 files through the ordered exchange, whose output file has the
+  // single-process run's bytes; the ring (which overlaps more) for the other dtypes.
   const distributed::Exchange exchange =
-      args.exchange == "all-gather" ? distributed::Exchange::all_gather : distributed::Exchange::ring;
+      args.exchange == "all-gather" ? distributed::Exchange::all_gather
+      : args.exchange == "ordered" || (args.exchange == "auto" && query.dtype() == DType::float64)
+          ? distributed::Exchange::ordered
+          : distributed::Exchange::ring;
   distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition, exchange}, options);
 
   // The global shapes: this rank's with the sequence dim at L.

@@ -31,7 +31,21 @@ enum class Partition { contiguous, zigzag };
 //               parallelism), then the compute: no per-step latency, but memory for the
 //               whole K/V on every rank. Wins for GQA/MQA, where K/V are Hq/Hkv times
 //               smaller than Q, and for short shards, whose compute cannot hide a step.
-enum class Exchange { ring, all_gather };
+//   ordered:    the keys in global order: each chunk of K/V broadcast by its owner
+//               (MPI_Ibcast, the next chunk's transfer overlapping the compute of the one
+//               in hand; memory O(shard)), and every rank carries its query rows'
+//               online-softmax state (max, sum, un-normalised output) from chunk to chunk
+//               instead of merging normalised partial results. For float64 on the CPU
+//               backend the output and lse are bitwise the single-process sdpa::forward's
+//               (its key tiles of 64 are kept: chunks are the partition's pieces with
+//               their boundaries moved down to multiples of 64 keys, a chunk astride two
+//               owners filled by both). Other dtypes and the reference backend merge each
+//               chunk's partial output by its lse, as the ring does. The backward is the
+//               ring's.
+//               The same bytes in all as the ring. Pick it for reproducibility; the ring
+//               lets each rank go at its own pace, where here every rank walks the chunks
+//               in one order and waits for each chunk's owners (docs/distributed.md).
+enum class Exchange { ring, all_gather, ordered };
 
 // The global problem every rank's shard belongs to; the same on every rank.
 struct Sharding {
@@ -76,7 +90,8 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
 // receives dQ, dK and dV of its own shards (dK, dV are summed over every rank's queries
 // as they travel back around the ring, in float32 — float64 for float64) and, when
 // outputs.grad_sinks is given (only with sinks), the whole gradient of the sinks, summed
-// over every rank's rows.
+// over every rank's rows. The ordered exchange's backward is the ring's (it needs only
+// the forward's lse).
 void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs& outputs, const Sharding& sharding,
               const Options& options = {});
 

@@ -162,15 +162,18 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     (..., Hkv, Sr, Ev): this rank's shards under `partition` of the global lengths
     `query_length`, `key_length` (default: the sums of the shards' lengths over the ranks).
     `exchange`: "ring" (K/V shards pass around the ring, overlapped with the compute; memory
-    O(shard)) or "all_gather" (every K/V shard gathered once first, as Llama 3's context
-    parallelism; wins when K/V are small next to Q, GQA/MQA). `key_padding_mask`: bool, this
-    rank's keys, (Sr,) or (..., 1, 1, Sr), True = the key takes part. The other keywords are
-    sdpa.attention's, seen on global positions: `alibi_slopes` and `sinks` ((Hq,) or
-    (batch..., Hq), the same on every rank; a list becomes float64, as in sdpa.attention), the
-    sinks differentiable (their gradient summed over every rank's rows); with dropout and no
-    seed, rank 0 draws one for all. Returns this rank's output rows (and lse with
-    return_lse). Collective: every rank must call it, with the same keywords; an argument
-    refused on one rank raises on every rank (the others' errors end with "(on rank k)")."""
+    O(shard)), "all_gather" (every K/V shard gathered once first, as Llama 3's context
+    parallelism; wins when K/V are small next to Q, GQA/MQA) or "ordered" (K/V chunks
+    broadcast in global key order, each row's softmax state carried from chunk to chunk:
+    float64 outputs and lse bitwise sdpa.attention's on the whole sequence; its backward is
+    the ring's). `key_padding_mask`: bool, this rank's keys, (Sr,) or (..., 1, 1, Sr), True =
+    the key takes part. The other keywords are sdpa.attention's, seen on global positions:
+    `alibi_slopes` and `sinks` ((Hq,) or (batch..., Hq), the same on every rank; a list becomes
+    float64, as in sdpa.attention), the sinks differentiable (their gradient summed over every
+    rank's rows); with dropout and no seed, rank 0 draws one for all. Returns this rank's
+    output rows (and lse with return_lse). Collective: every rank must call it, with the same
+    keywords; an argument refused on one rank raises on every rank (the others' errors end
+    with "(on rank k)")."""
     if not _core.has_distributed:
         raise RuntimeError("sdpa.distributed: this sdpa was built without MPI (install openmpi: scripts/setup.sh)")
     from mpi4py import MPI
@@ -184,8 +187,8 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     try:
         if partition not in ("zigzag", "contiguous"):
             raise ValueError(f"partition: expected 'zigzag' or 'contiguous', got {partition!r}")
-        if exchange not in ("ring", "all_gather"):
-            raise ValueError(f"exchange: expected 'ring' or 'all_gather', got {exchange!r}")
+        if exchange not in ("ring", "all_gather", "ordered"):
+            raise ValueError(f"exchange: expected 'ring', 'all_gather' or 'ordered', got {exchange!r}")
         fw = _Torch()
         query, key, value = (_prepared(fw, name, x) for name, x in (("query", query), ("key", key), ("value", value)))
         for name, x in (("query", query), ("key", key), ("value", value)):

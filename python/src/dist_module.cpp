@@ -38,18 +38,22 @@ sdpa::TensorView view(const Array& a, const std::string& name) {
   return sdpa_python::view_over(a, *dtype);
 }
 
-// `partition` is "zigzag" or "contiguous", then ":all_gather" for that exchange (the
-// Python side checks both words).
+// `partition` is "zigzag" or "contiguous", then ":ring", ":all_gather" or ":ordered" for
+// the exchange (the Python side checks both words).
 sdpa::distributed::Sharding sharding_of(std::int64_t query_length, std::int64_t key_length,
                                         const std::string& partition) {
   const std::size_t colon = partition.find(':');
   const std::string layout = partition.substr(0, colon);
   const std::string exchange = colon == std::string::npos ? "ring" : partition.substr(colon + 1);
-  if ((layout != "zigzag" && layout != "contiguous") || (exchange != "ring" && exchange != "all_gather"))
-    throw nb::value_error(("partition: expected zigzag|contiguous[:ring|all_gather], got '" + partition + "'").c_str());
+  if ((layout != "zigzag" && layout != "contiguous") ||
+      (exchange != "ring" && exchange != "all_gather" && exchange != "ordered"))
+    throw nb::value_error(
+        ("partition: expected zigzag|contiguous[:ring|all_gather|ordered], got '" + partition + "'").c_str());
   return {query_length, key_length,
           layout == "zigzag" ? sdpa::distributed::Partition::zigzag : sdpa::distributed::Partition::contiguous,
-          exchange == "all_gather" ? sdpa::distributed::Exchange::all_gather : sdpa::distributed::Exchange::ring};
+          exchange == "all_gather" ? sdpa::distributed::Exchange::all_gather
+          : exchange == "ordered"  ? sdpa::distributed::Exchange::ordered
+                                   : sdpa::distributed::Exchange::ring};
 }
 
 sdpa::Options call_options(const sdpa::Options& options, const std::optional<Input>& mask,

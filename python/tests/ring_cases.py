@@ -3,7 +3,7 @@
 it). Every test is collective: each rank builds the same global tensors from one seed, takes
 its shard, and compares its rows of the ring's output and of the gradients with
 sdpa.attention on the whole tensors (float64 within 1e-12, float32 within 1e-5 / 1e-4 of the
-scale)."""
+scale; the ordered exchange's float64 output bitwise equal)."""
 
 import pytest
 import torch
@@ -35,6 +35,12 @@ CASES = [
     (torch.float32, 4, 4, 64, 64, "zigzag", dict(causal="top_left", sinks=(2, 4))),
     # Bottom-right with L > S: the first queries see no key (output 0, lse = sink).
     (torch.float64, 2, 2, 45, 29, "contiguous", dict(causal="bottom_right", sinks=(2, 2))),
+    # The ordered exchange: float64 bitwise (below), lengths not multiples of 2N or of 64.
+    (torch.float64, 4, 2, 101, 101, "zigzag", dict(causal="top_left", exchange="ordered")),
+    (torch.float64, 2, 2, 41, 70, "contiguous",
+     dict(causal="bottom_right", dropout_p=0.25, seed=17, softcap=3.0, exchange="ordered")),
+    (torch.float64, 2, 2, 90, 75, "zigzag", dict(causal="top_left", sinks=(2,), exchange="ordered")),
+    (torch.float32, 2, 1, 33, 47, "zigzag", dict(window_size=(9, 4), exchange="ordered")),
 ]
 
 
@@ -68,6 +74,8 @@ def test_ring_attention_matches_single_process(dtype, Hq, Hkv, L, S, partition, 
     grad_tol = 1e-12 if dtype == torch.float64 else 1e-4
     expected = _shard(whole, q_rows)
     assert (out - expected).abs().max().item() <= forward_tol * max(1.0, expected.abs().max().item()), RANK
+    if keywords.get("exchange") == "ordered" and dtype == torch.float64:
+        assert torch.equal(out.detach(), expected.detach()), ("not bitwise the single-process output", RANK)
     for name, got, full, rows in (("dq", qs.grad, q.grad, q_rows), ("dk", ks.grad, k.grad, k_rows),
                                   ("dv", vs.grad, v.grad, k_rows)):
         want = _shard(full, rows)

@@ -49,6 +49,20 @@ struct Operand {
   }
 };
 
+// A resumable call's online-softmax state (the ordered exchange of src/dist/ feeds a
+// row's keys in global order, one chunk per call): for row i of query matrix qm, the
+// entry at rows + (qm·matrix_stride + i)·(Ev + 2) holds the running max m, the running
+// sum l and the Ev un-normalised accumulators, in the accumulation type. A call starts
+// from it instead of (−inf, 0, 0) and, when `suspend`, writes it back instead of the
+// output and lse (no sink folded); a call with `suspend` false finishes the rows as a
+// single call would. Only the portable (float64) kernel takes it.
+struct CarriedRows {
+  void* rows = nullptr;
+  std::int64_t matrix_stride = 0;
+  bool suspend = false;
+  bool present() const { return rows != nullptr; }
+};
+
 struct Problem {
   std::int64_t batch = 0;     // product of the leading (batch) dims
   std::int64_t heads_q = 0;   // Hq
@@ -83,6 +97,7 @@ struct Problem {
   // and ALiBi need nothing more, as the shard's diagonal_shift is the whole problem's
   // plus query_offset − key_offset.
   std::int64_t query_offset = 0, key_offset = 0;
+  CarriedRows carried;  // absent but in a resumable call (above)
   double dropout_p = 0.0;
   std::uint64_t seed = 0, offset = 0;
   int num_threads = 0;

@@ -36,6 +36,18 @@ void Transfer::start(const void* send, std::size_t send_bytes, int to, void* rec
   bytes_sent_ += static_cast<double>(send_bytes);
 }
 
+void Transfer::broadcast(void* buffer, std::size_t bytes, int root) {
+  for (std::size_t at = 0; at < bytes; at += kMessageBytes) {
+    requests_.emplace_back();
+    MPI_Ibcast(static_cast<std::byte*>(buffer) + at, static_cast<int>(std::min(kMessageBytes, bytes - at)), MPI_BYTE,
+               root, comm_, &requests_.back());
+  }
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(comm_, &rank);
+  MPI_Comm_size(comm_, &ranks);
+  if (rank == root) bytes_sent_ += static_cast<double>(bytes) * (ranks - 1);
+}
+
 void Transfer::poll() {
   if (requests_.empty()) return;
   int done = 0;

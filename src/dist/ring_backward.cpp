@@ -276,6 +276,9 @@ void backward(MPI_Comm comm, const BackwardInputs& inputs, const BackwardOutputs
       comm,
       [&] {
         call = check_shards(comm, inputs.query, inputs.key, inputs.value, sharding, options);
+        // The ordered exchange's backward is the ring's: it needs only the forward's lse,
+        // and gradients carry no bitwise claim (set before the buffers are sized).
+        if (call.sharding.exchange == Exchange::ordered) call.sharding.exchange = Exchange::ring;
         // The oracle's backward recomputes each row's softmax from the keys it is given,
         // not from the lse: a piece of the keys would get its own softmax, not the whole's.
         if (options.backend == Backend::reference)

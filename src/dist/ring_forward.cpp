@@ -1,4 +1,5 @@
-// The ring forward: N steps; at step s this rank holds the K/V shard of rank r − s,
+// The ring forward (and the entry point of every exchange's; the ordered one is
+// ordered_forward.cpp): N steps; at step s this rank holds the K/V shard of rank r − s,
 // computes its queries against it while that shard moves on to rank r + 1 and the next
 // one arrives from r − 1, and merges each partial output into its accumulator by the
 // log-sum-exp (merge.h). Query pieces go in blocks, with an MPI poll between blocks, so
@@ -22,6 +23,7 @@
 #include "dist/all_gather.h"
 #include "dist/exchange.h"
 #include "dist/merge.h"
+#include "dist/ordered_forward.h"
 #include "dist/shards.h"
 #include "dist/stats.h"
 #include "reference/attention.h"
@@ -182,6 +184,8 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
   ShardCall call;
   std::optional<ForwardBuffers<float>> buffers32;
   std::optional<ForwardBuffers<double>> buffers64;
+  std::optional<OrderedBuffers<float>> ordered32;  // the ordered exchange's instead
+  std::optional<OrderedBuffers<double>> ordered64;
   agree(
       comm,
       [&] {
@@ -191,15 +195,25 @@ void forward(MPI_Comm comm, const TensorView& query, const TensorView& key, cons
         std::vector<sdpa::detail::ExpectedView> outs{{&outputs.output, "output", &call.output_shape, call.dtype}};
         if (outputs.lse) outs.push_back({&*outputs.lse, "lse", &call.lse_shape, call.lse_dtype});
         sdpa::detail::check_outputs(outs, call.input_spans);
-        if (call.dtype == DType::float64)
+        if (call.sharding.exchange == Exchange::ordered) {
+          if (call.dtype == DType::float64)
+            ordered64.emplace(call);
+          else
+            ordered32.emplace(call);
+        } else if (call.dtype == DType::float64) {
           buffers64.emplace(call);
-        else
+        } else {
           buffers32.emplace(call);
+        }
         return call.signature;
       },
       "sharding");
   after_agreement(comm, "sdpa::distributed::forward", [&] {
-    if (buffers64)
+    if (ordered64)
+      ordered_forward<double>(comm, call, query, key, value, outputs, *ordered64);
+    else if (ordered32)
+      ordered_forward<float>(comm, call, query, key, value, outputs, *ordered32);
+    else if (buffers64)
       ring_forward<double>(comm, call, query, key, value, outputs, *buffers64);
     else
       ring_forward<float>(comm, call, query, key, value, outputs, *buffers32);

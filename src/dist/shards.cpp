@@ -25,6 +25,9 @@ std::vector<Piece> shard_pieces(std::int64_t length, int ranks, int rank, Partit
 namespace {
 
 const char* partition_name(Partition p) { return p == Partition::zigzag ? "zigzag" : "contiguous"; }
+const char* exchange_name(Exchange e) {
+  return e == Exchange::all_gather ? "all-gather" : e == Exchange::ordered ? "ordered" : "ring";
+}
 
 // The shard's length along the sequence dim (the second last) must be the partition's.
 void check_rows(const TensorView& view, const char* name, std::int64_t expected, std::int64_t global, int rank,
@@ -98,7 +101,7 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   s << "dtype " << dtype_name(call.dtype) << ", batch " << shape_string(call.batch_shape) << ", Hq " << call.heads_q
     << ", Hkv " << call.heads_kv << ", E " << call.E << ", Ev " << call.Ev << ", L " << sharding.query_length << ", S "
     << sharding.key_length << ", " << partition_name(sharding.partition) << " over " << call.ranks
-    << (sharding.exchange == Exchange::all_gather ? " all-gather" : " ring") << ", causal "
+    << ' ' << exchange_name(sharding.exchange) << ", causal "
     << static_cast<int>(options.causal) << ", alignment "
     << (options.alignment ? static_cast<int>(*options.alignment) : -1) << ", window " << options.window_left << ' '
     << options.window_right << ", scale " << options.scale.value_or(0.0) << (options.scale ? "" : " (default)")
@@ -190,6 +193,24 @@ void pack_kv(const ShardCall& call, const TensorView& key, const TensorView& val
     for (std::int64_t b = 0; b < call.batch; ++b)
       for (std::int64_t j = 0; j < call.S_shard; ++j) *flags++ = *mask.address(b, 0, j);
   }
+}
+
+void copy_kv_rows(const ShardCall& call, const std::byte* from, std::int64_t from_rows, std::int64_t from_row,
+                  std::byte* to, std::int64_t to_rows, std::int64_t to_row, std::int64_t rows) {
+  if (rows == 0) return;
+  const KvLayout in = kv_layout(call, from_rows, false), out = kv_layout(call, to_rows, false);
+  const std::size_t element = dtype_size(call.dtype);
+  // Each part is (matrices, keys, cols) with the key dim second: one run of rows per matrix.
+  const auto part = [&](std::size_t in_at, std::size_t out_at, std::int64_t matrices, std::size_t row_bytes) {
+    for (std::int64_t m = 0; m < matrices; ++m)
+      std::memcpy(to + out_at + static_cast<std::size_t>(m * to_rows + to_row) * row_bytes,
+                  from + in_at + static_cast<std::size_t>(m * from_rows + from_row) * row_bytes,
+                  static_cast<std::size_t>(rows) * row_bytes);
+  };
+  const std::int64_t kv_matrices = call.batch * call.heads_kv;
+  part(0, 0, kv_matrices, static_cast<std::size_t>(call.E) * element);
+  part(in.key_bytes, out.key_bytes, kv_matrices, static_cast<std::size_t>(call.Ev) * element);
+  if (call.key_padding) part(in.key_bytes + in.value_bytes, out.key_bytes + out.value_bytes, call.batch, 1);
 }
 
 KvViews kv_views(const ShardCall& call, std::int64_t rows, std::byte* buffer) {

@@ -65,6 +65,11 @@ KvLayout kv_layout(const ShardCall& call, std::int64_t rows, bool gradients);
 // Packs this rank's K, V and mask into `buffer` (layout kv_layout(call, S_shard, ...)).
 void pack_kv(const ShardCall& call, const TensorView& key, const TensorView& value, std::byte* buffer);
 
+// Copies keys [from_row, from_row + rows) of a packed buffer of `from_rows` keys (K, V and
+// mask, as pack_kv lays them out) to keys [to_row, to_row + rows) of one of `to_rows` keys.
+void copy_kv_rows(const ShardCall& call, const std::byte* from, std::int64_t from_rows, std::int64_t from_row,
+                  std::byte* to, std::int64_t to_rows, std::int64_t to_row, std::int64_t rows);
+
 // The travelling K, V and mask of a shard of `rows` keys as views of `buffer`.
 struct KvViews {
   TensorView key, value;

@@ -3,8 +3,9 @@ files (tests/cli/CMakeLists.txt runs it under pytest when MPI was found).
 
 Each rank reads only its rows and writes them into one output file: the output's .npy
 header and size are the single-process file's, and its values agree within 1e-12 in
-float64 (the ring merges partial results by their log-sum-exp, so the last bits may
-differ from a single pass over the keys) and 1e-5 in float32. A bad input ends every rank
+float64 through the ring exchange (it merges partial results by their log-sum-exp, so the
+last bits may differ from a single pass over the keys) and 1e-5 in float32. float64 files
+go through the ordered exchange by default: the same bytes (`cmp`). A bad input ends every rank
 with exit code 2 and its message, and leaves no file behind."""
 
 import os
@@ -41,6 +42,8 @@ def write_inputs(folder: Path, dtype, L, S, Hq=4, Hkv=2):
     (np.float64, 40, 40, ["--window-left", "5", "--window-right", "2", "--dropout-p", "0.3", "--seed", "9"]),
     (np.float32, 33, 50, []),
     (np.float64, 30, 30, ["--causal", "top-left", "--exchange", "all-gather"]),
+    (np.float64, 30, 30, ["--causal", "top-left", "--exchange", "ring"]),
+    (np.float32, 45, 45, ["--causal", "top-left", "--exchange", "ordered"]),
 ])
 def test_ring_run_writes_the_single_process_file(tmp_path, ranks, dtype, L, S, flags):
     write_inputs(tmp_path, dtype, L, S)
@@ -120,6 +123,28 @@ def test_a_failing_rename_on_rank_0_fails_every_rank_and_changes_no_output(tmp_p
         assert not (tmp_path / "out.npy").exists()
     # No temporary beside --out; the append-only folder keeps its (it forbids removing one).
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("L, S, flags", [
+    (37, 37, ["--causal", "top-left"]),
+    (150, 203, ["--causal", "bottom-right", "--partition", "contiguous"]),
+    (130, 130, ["--window-left", "40", "--window-right", "9", "--dropout-p", "0.3", "--seed", "9"]),
+    (70, 70, ["--causal", "top-left", "--sinks", "sinks.npy"]),
+])
+def test_float64_ring_run_writes_the_single_process_bytes(tmp_path, ranks, L, S, flags):
+    # float64 through --ring's default exchange (ordered): the files compare equal with cmp.
+    write_inputs(tmp_path, np.float64, L, S)
+    np.save(tmp_path / "sinks.npy", np.array([-1.0, 0.5, 2.0, 0.0]))
+    common = ["-q", "q.npy", "-k", "k.npy", "-v", "v.npy"] + flags
+    single = run(["run"] + common + ["-o", "single.npy", "--lse", "single_lse.npy"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    ring = run(["run", "--ring"] + common + ["-o", "ring.npy", "--lse", "ring_lse.npy"], ranks=ranks, cwd=tmp_path)
+    assert ring.returncode == 0, ring.stdout + ring.stderr
+    for name in ("", "_lse"):
+        same = subprocess.run(["cmp", f"single{name}.npy", f"ring{name}.npy"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+        assert same.returncode == 0, same.stdout + same.stderr
 
 
 def test_a_bad_input_fails_every_rank_and_writes_nothing(tmp_path):

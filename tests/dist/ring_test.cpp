@@ -19,6 +19,7 @@
 
 #include <sys/resource.h>
 
+#include "dist/chunks.h"
 #include "sdpa/distributed.h"
 #include "testing/helpers.h"
 
@@ -149,6 +150,17 @@ void expect_ring_matches(RingCase c) {
   // An empty shard (fewer rows than 2N chunks) has no memory to copy: memcpy's pointers
   // must not be null even for 0 bytes (UBSan).
   if (lse.nbytes() > 0) std::memcpy(lse_rows.data(), lse.data(), lse.nbytes());
+
+  // The ordered exchange in float64 on the CPU backend: the single-process bytes.
+  if (c.exchange == Exchange::ordered && c.dtype == DType::float64 && c.options.backend != Backend::reference) {
+    ASSERT_EQ(out.nbytes(), expected_out.nbytes());
+    ASSERT_EQ(lse_rows.nbytes(), whole_lse_as_rows.nbytes());
+    EXPECT_TRUE(out.nbytes() == 0 || std::memcmp(out.data(), expected_out.data(), out.nbytes()) == 0)
+        << "output, rank " << r << " of " << N << ": not bitwise the single-process output";
+    EXPECT_TRUE(lse_rows.nbytes() == 0 ||
+                std::memcmp(lse_rows.data(), whole_lse_as_rows.data(), lse_rows.nbytes()) == 0)
+        << "lse, rank " << r << " of " << N << ": not bitwise the single-process lse";
+  }
 
   double tol_out = 0, tol_lse = 0;
   if (c.dtype == DType::float64) {
@@ -375,6 +387,134 @@ TEST(RingSinks, WindowAllGatherFloat64) {
   c.options.window_right = 2;
   c.sinks = RingCase::Sinks::per_head;
   expect_ring_matches(c);
+}
+
+// The ordered exchange: float64 bitwise the single-process sdpa::forward (checked in
+// expect_ring_matches), at lengths divisible by neither 2N nor the kernel's key tile of
+// 64, some shorter than 64 · 2N (chunks astride several owners), some with empty shards.
+RingCase ordered_case(Causal causal, Partition partition, std::int64_t L, std::int64_t S) {
+  RingCase c = causal_case(causal, partition, L, S);
+  c.dtype = DType::float64;
+  c.exchange = Exchange::ordered;
+  return c;
+}
+
+TEST(RingOrdered, CausalTopLeftZigzagBitwise) { expect_ring_matches(ordered_case(Causal::top_left, Partition::zigzag, 301, 301)); }
+TEST(RingOrdered, CausalTopLeftContiguousBitwise) {
+  expect_ring_matches(ordered_case(Causal::top_left, Partition::contiguous, 203, 203));
+}
+TEST(RingOrdered, CausalBottomRightZigzagBitwise) {
+  RingCase c = ordered_case(Causal::bottom_right, Partition::zigzag, 131, 205);
+  c.grad_lse = true;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, CausalBottomRightMoreQueriesThanKeysBitwise) {
+  expect_ring_matches(ordered_case(Causal::bottom_right, Partition::contiguous, 150, 77));
+}
+TEST(RingOrdered, FullAttentionGqaShortBitwise) {
+  // Shorter than one tile: one chunk filled by every rank.
+  expect_ring_matches(ordered_case(Causal::none, Partition::zigzag, 37, 61));
+}
+TEST(RingOrdered, FullAttentionContiguousLongBitwise) {
+  RingCase c = ordered_case(Causal::none, Partition::contiguous, 90, 333);
+  c.Hq = 5;
+  c.Hkv = 1;  // MQA
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, WindowAlibiSoftcapBitwise) {
+  RingCase c = ordered_case(Causal::top_left, Partition::zigzag, 260, 260);
+  c.options.window_left = 70;
+  c.options.softcap = 2.5;
+  c.alibi = true;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, TwoSidedWindowBitwise) {
+  RingCase c = ordered_case(Causal::none, Partition::contiguous, 199, 199);
+  c.options.window_left = 20;
+  c.options.window_right = 90;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, DropoutBitwise) {
+  RingCase c = ordered_case(Causal::top_left, Partition::zigzag, 190, 190);
+  c.options.dropout_p = 0.3;
+  c.options.seed = 99;
+  c.options.offset = 5;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, KeyPaddingMaskBitwise) {
+  RingCase c = ordered_case(Causal::top_left, Partition::contiguous, 150, 150);
+  c.key_padding = true;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, SinksFoldedOnceBitwise) {
+  RingCase c = ordered_case(Causal::bottom_right, Partition::zigzag, 100, 140);
+  c.sinks = RingCase::Sinks::per_batch_head;
+  c.no_sink_head = true;
+  c.grad_lse = true;  // the backward (the ring's) with the sinks' gradient
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, RowsWithoutVisibleKeysGetLseSinkBitwise) {
+  RingCase c = ordered_case(Causal::bottom_right, Partition::contiguous, 150, 77);
+  c.sinks = RingCase::Sinks::per_head;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, EmptyShardsBitwise) { expect_ring_matches(ordered_case(Causal::top_left, Partition::zigzag, 3, 3)); }
+TEST(RingOrdered, Float32MergedByLse) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 150, 150);
+  c.exchange = Exchange::ordered;
+  c.key_padding = true;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, Float32SinksFoldedOnce) {
+  RingCase c = causal_case(Causal::none, Partition::contiguous, 70, 90);
+  c.exchange = Exchange::ordered;
+  c.sinks = RingCase::Sinks::per_head;
+  c.sinks_dtype = DType::float32;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, Bfloat16MergedInFloat32) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 64, 64);
+  c.dtype = DType::bfloat16;
+  c.exchange = Exchange::ordered;
+  c.E = 32;
+  c.Ev = 32;
+  expect_ring_matches(c);
+}
+TEST(RingOrdered, ReferenceBackendMerged) {
+  RingCase c = ordered_case(Causal::bottom_right, Partition::zigzag, 21, 133);
+  c.options.backend = Backend::reference;
+  c.gradients = false;
+  expect_ring_matches(c);
+}
+
+TEST(RingOrdered, ChunksCoverEveryKeyOnceAtTileMultiples) {
+  for (int N : {1, 2, 3, 4, 7})
+    for (std::int64_t n : {0, 1, 5, 63, 64, 65, 200, 1000})
+      for (Partition p : {Partition::contiguous, Partition::zigzag}) {
+        std::int64_t next = 0;
+        for (const detail::Chunk& chunk : detail::ordered_chunks(n, N, p, 64)) {
+          EXPECT_EQ(chunk.begin, next) << "N " << N << ", n " << n;
+          EXPECT_EQ(chunk.begin % 64, 0) << "N " << N << ", n " << n;
+          EXPECT_LT(chunk.begin, chunk.end);
+          for (const detail::Segment& s : chunk.segments) {
+            EXPECT_EQ(s.global, next) << "segments in key order, none missing";
+            // The owner's shard holds global key s.global at its row s.local.
+            std::int64_t local = 0;
+            bool found = false;
+            for (const RowRange& range : shard_rows(n, N, s.owner, p)) {
+              if (s.global >= range.begin && s.global + s.rows <= range.end) {
+                EXPECT_EQ(s.local, local + s.global - range.begin);
+                found = true;
+              }
+              local += range.end - range.begin;
+            }
+            EXPECT_TRUE(found) << "segment not inside one piece of its owner";
+            next += s.rows;
+          }
+          EXPECT_EQ(next, chunk.end);
+        }
+        EXPECT_EQ(next, n);
+      }
 }
 
 // A rank whose shard disagrees with the partition: every rank raises, none waits.

@@ -26,7 +26,7 @@ namespace portable {
 namespace {
 
 constexpr std::int64_t kQueryTile = 32;  // rows of Q per task
-constexpr std::int64_t kKeyTile = 64;    // keys per inner step
+constexpr std::int64_t kKeyTile = kPortableKeyTile;  // keys per inner step
 
 // Max that propagates NaN (pytorch#141128: NaN must reach the output).
 template <class T>
@@ -95,9 +95,22 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
   const T keep_scale = static_cast<T>(1.0 / (1.0 - p.dropout_p));
 
   pack_rows<T>(p.query, qm, i0, rows, p.E, s.q.data());
-  std::fill(s.acc.begin(), s.acc.begin() + rows * p.Ev, T{0});
-  std::fill(s.row_max.begin(), s.row_max.end(), kMinusInf);
-  std::fill(s.row_sum.begin(), s.row_sum.end(), T{0});
+  // A resumed row's entry: (m, l, acc[Ev]) of the keys of the calls before (problem.h).
+  T* const carried = p.carried.present()
+                         ? static_cast<T*>(p.carried.rows) + (qm * p.carried.matrix_stride + i0) * (p.Ev + 2)
+                         : nullptr;
+  if (carried) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* entry = carried + r * (p.Ev + 2);
+      s.row_max[r] = entry[0];
+      s.row_sum[r] = entry[1];
+      std::copy(entry + 2, entry + 2 + p.Ev, s.acc.begin() + r * p.Ev);
+    }
+  } else {
+    std::fill(s.acc.begin(), s.acc.begin() + rows * p.Ev, T{0});
+    std::fill(s.row_max.begin(), s.row_max.end(), kMinusInf);
+    std::fill(s.row_sum.begin(), s.row_sum.end(), T{0});
+  }
 
   const VisibleKeys visible = visible_keys(p, i0, rows, kKeyTile);
   for_each_key_tile<T>(p, kvm, visible, kKeyTile, s.k.data(), s.v.data(), [&](std::int64_t j0, std::int64_t cols) {
@@ -125,6 +138,16 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
     }
     accumulate_pv<T>(s.scores.data(), s.v.data(), rows, cols, p.Ev, kKeyTile, s.acc.data());
   });
+
+  if (carried && p.carried.suspend) {  // more keys to come: the state, un-normalised
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* entry = carried + r * (p.Ev + 2);
+      entry[0] = s.row_max[r];
+      entry[1] = s.row_sum[r];
+      std::copy(s.acc.begin() + r * p.Ev, s.acc.begin() + (r + 1) * p.Ev, entry + 2);
+    }
+    return;
+  }
 
   if (p.has_sinks())
     for (std::int64_t r = 0; r < rows; ++r)

@@ -10,6 +10,12 @@
 
 namespace sdpa::detail {
 
+// Keys per inner step of the portable forward. Its tiles start at multiples of this
+// (from each row's first visible key rounded down), so a resumable call (Problem::carried)
+// fed key chunks that start at multiples of it, in order, visits every row's keys in the
+// same tiles as one call over all of them: bitwise the same result (src/dist/ordered_forward).
+inline constexpr std::int64_t kPortableKeyTile = 64;
+
 // Tiled online softmax (FlashAttention-2), threads over (batch, head, query tile).
 void portable_forward(const Problem* problems, std::int64_t count);
 
