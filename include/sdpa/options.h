@@ -54,6 +54,17 @@ struct Options {
   // A row whose keys are all masked gives output 0 and lse = sink; −inf is no sink.
   std::optional<TensorView> sinks;
 
+  // Quantized K and V (llama.cpp's q8_0, OpenVINO's u8 caches, symmetric): an int8 key
+  // or value holds q in [−127, 127] and its scale here, one float32 per (token, KV head),
+  // the key's (value's) shape without its last dim — (batch..., Hkv, S) — so that
+  //   key[..., h, j, e] = key_scale[..., h, j] · q[..., h, j, e].
+  // Required with an int8 key (value), refused otherwise; quantize_kv (sdpa/quantize.h)
+  // makes both. The kernels read the int8 rows and apply the scale to the score
+  // (scale_k[j] · q·k_j) and to the weight (scale_v[j] · p_j), never a dequantized copy.
+  // Inference only: backward() refuses int8 K/V.
+  std::optional<TensorView> key_scale;
+  std::optional<TensorView> value_scale;
+
   // Dropout on the attention weights, 0 <= dropout_p < 1. The keep/drop decision for
   // (batch, head, i, j) is a pure function of (seed, offset, batch, head, i, j)
   // through Philox4x32-10; see docs/semantics.md.

@@ -13,6 +13,7 @@
 
 #include "sdpa/error.h"
 #include "sdpa/options.h"
+#include "sdpa/quantize.h"
 #include "sdpa/tensor.h"
 
 namespace sdpa {

@@ -9,7 +9,8 @@
 
 namespace sdpa {
 
-enum class DType { float16, bfloat16, float32, float64, boolean };
+// int8 is for quantized keys and values only (Options::key_scale): value = scale · q.
+enum class DType { float16, bfloat16, float32, float64, boolean, int8 };
 
 // Bytes per element of `dtype`.
 std::size_t dtype_size(DType dtype);

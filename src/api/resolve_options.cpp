@@ -100,6 +100,8 @@ std::vector<Span> per_head_spans(const Options& options) {
   std::vector<Span> spans;
   if (options.alibi_slopes) spans.push_back(check_view(*options.alibi_slopes, "alibi_slopes"));
   if (options.sinks) spans.push_back(check_view(*options.sinks, "sinks"));
+  if (options.key_scale) spans.push_back(check_view(*options.key_scale, "options.key_scale"));
+  if (options.value_scale) spans.push_back(check_view(*options.value_scale, "options.value_scale"));
   return spans;
 }
 

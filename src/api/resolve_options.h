@@ -20,7 +20,8 @@ void check_options(const Options& options, DType query_dtype);
 // The per-head tensors, ALiBi slopes and sinks: float32 or float64, shape (Hq,) or
 // (batch..., Hq); each sink representable in the compute dtype of `query_dtype`.
 void check_per_head_options(const Options& options, const Shape& batch_shape, std::int64_t heads_q, DType query_dtype);
-// Their spans, for the overlap checks of the outputs.
+// Their spans and the K/V scales' (Options::key_scale, value_scale), for the overlap
+// checks of the outputs.
 std::vector<Span> per_head_spans(const Options& options);
 
 // Fills p's option fields from checked `options`; p's sizes (batch, heads_q, L, S, E)

@@ -27,7 +27,8 @@ void check_no_weights(bool requested);
 // Nor do they take a mask (per-sequence masks have no packed form).
 void check_no_mask(const Options& options);
 
-// Query, key and value (or pages) share a float dtype and have `rank` dims (`layout`
+// Query, key and value (or pages) share a float dtype, or key and value are int8
+// (quantized, their scales checked by check_kv_scale), and have `rank` dims (`layout`
 // says which, for the message).
 void check_float_operands(const std::vector<std::pair<const TensorView*, const char*>>& operands, std::size_t rank,
                           const char* layout);

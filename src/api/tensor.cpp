@@ -13,7 +13,8 @@ std::size_t dtype_size(DType dtype) {
     case DType::bfloat16: return 2;
     case DType::float32: return 4;
     case DType::float64: return 8;
-    case DType::boolean: return 1;
+    case DType::boolean:
+    case DType::int8: return 1;
   }
   return 0;
 }
@@ -25,6 +26,7 @@ const char* dtype_name(DType dtype) {
     case DType::float32: return "float32";
     case DType::float64: return "float64";
     case DType::boolean: return "bool";
+    case DType::int8: return "int8";
   }
   return "unknown";
 }

@@ -32,6 +32,32 @@ Dims split(const TensorView& t) {
 
 }  // namespace
 
+void check_kv_scale(const TensorView& tensor, const std::optional<TensorView>& scale, const char* tensor_name,
+                    const char* scale_name) {
+  const bool quantized = tensor.dtype == DType::int8;
+  if (quantized && !scale)
+    fail(scale_name, std::string("expected a float32 scale per (token, head) for the int8 ") + tensor_name +
+                         " (its shape without the last dim), got none");
+  if (!scale) return;
+  if (!quantized)
+    fail(scale_name, std::string("expected no scale: it goes with an int8 ") + tensor_name + ", and " + tensor_name +
+                         " is " + dtype_name(tensor.dtype));
+  if (scale->dtype != DType::float32)
+    fail(scale_name, std::string("expected float32, got ") + dtype_name(scale->dtype), ErrorKind::type);
+  const Shape expected(tensor.shape.begin(), tensor.shape.end() - (tensor.shape.empty() ? 0 : 1));
+  if (scale->shape != expected)
+    fail(scale_name, "expected shape " + shape_string(expected) + " (the " + tensor_name +
+                         "'s without its last dim), got " + shape_string(scale->shape));
+  check_view(*scale, scale_name);
+}
+
+void check_not_quantized(const TensorView& key, const TensorView& value, const std::string& what) {
+  for (const auto& [view, name] : {std::pair{&key, "key"}, {&value, "value"}})
+    if (view->dtype == DType::int8)
+      fail(name, "expected a floating-point " + std::string(name) + ": int8 is not supported by " + what + ", got int8",
+           ErrorKind::type);
+}
+
 CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
                            const Options& options) {
   CheckedInputs in;
@@ -44,10 +70,14 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
   const char* names[] = {"query", "key", "value"};
   const TensorView* views[] = {&query, &key, &value};
   for (int t = 0; t < 3; ++t) {
-    if (!is_float(views[t]->dtype))
-      fail(names[t], std::string("expected float16, bfloat16, float32 or float64, got ") + dtype_name(views[t]->dtype),
+    // Key and value may also be int8 with their scales (check_kv_scale): quantized K/V.
+    const bool quantized = t > 0 && views[t]->dtype == DType::int8 && is_float(query.dtype);
+    if (!is_float(views[t]->dtype) && !quantized)
+      fail(names[t],
+           std::string("expected float16, bfloat16, float32 or float64") + (t > 0 ? " (or int8 with a scale)" : "") +
+               ", got " + dtype_name(views[t]->dtype),
            ErrorKind::type);
-    if (views[t]->dtype != query.dtype)
+    if (views[t]->dtype != query.dtype && !quantized)
       fail(
           names[t],
           std::string("expected the query's dtype ") + dtype_name(query.dtype) + ", got " + dtype_name(views[t]->dtype),
@@ -59,6 +89,8 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
                          shape_string(views[t]->shape));
     check_view(*views[t], names[t]);
   }
+  check_kv_scale(key, options.key_scale, "key", "options.key_scale");
+  check_kv_scale(value, options.value_scale, "value", "options.value_scale");
 
   const Dims q = split(query), k = split(key), v = split(value);
   if (k.batch != q.batch)
@@ -95,6 +127,8 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
 
   if (options.mask) {
     const TensorView& mask = *options.mask;
+    if (mask.dtype == DType::int8)
+      fail("mask", "expected bool, float16, bfloat16, float32 or float64, got int8", ErrorKind::type);
     check_view(mask, "mask");
     mask_broadcast_strides(mask, in.weights_shape);
   }
@@ -130,6 +164,9 @@ Problem resolve_inputs(const CheckedInputs& in) {
   p.query = make_operand(query, in.batch_shape, in.heads_q);
   p.key = make_operand(*in.key, in.batch_shape, in.heads_kv);
   p.value = make_operand(*in.value, in.batch_shape, in.heads_kv);
+  // The scales: (batch..., Hkv, S), a column of stride 0 added so that row j is key j.
+  if (options.key_scale) p.key_scale = lse_operand(*options.key_scale, in.batch_shape, in.heads_kv);
+  if (options.value_scale) p.value_scale = lse_operand(*options.value_scale, in.batch_shape, in.heads_kv);
   if (options.mask) {
     p.mask = make_operand(*options.mask, in.batch_shape, in.heads_q,
                           mask_broadcast_strides(*options.mask, in.weights_shape));
@@ -172,6 +209,7 @@ CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInp
                                       const BackwardOutputs& outputs) {
   const TensorView& query = *in.query;
   const Options& options = *in.options;
+  check_not_quantized(*in.key, *in.value, "the backward (quantized K/V are for inference)");
 
   std::vector<Span> input_spans = input_spans_of(in);
   check_backward_reads(tensors, in.output_shape, in.lse_shape, query.dtype, in.lse_dtype, input_spans);

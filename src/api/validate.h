@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "api/views.h"
@@ -24,6 +26,16 @@ struct CheckedInputs {
   std::vector<std::int64_t> output_shape, weights_shape, lse_shape;
   DType lse_dtype = DType::float32;
 };
+
+// An int8 key or value and its scale (Options::key_scale, value_scale): the scale is
+// present exactly when the tensor is int8, float32, of the tensor's shape without its
+// last dim (dense (batch..., Hkv, S), packed (Hkv, total_k), paged (pages, Hkv,
+// page_size)). Errors name `scale_name`.
+void check_kv_scale(const TensorView& tensor, const std::optional<TensorView>& scale, const char* tensor_name,
+                    const char* scale_name);
+
+// Refuses int8 K/V where `what` (the backward, ring attention) cannot read them.
+void check_not_quantized(const TensorView& key, const TensorView& value, const std::string& what);
 
 // Checks query, key, value, the mask and the scalar options; throws sdpa::Error.
 CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const TensorView& value,

@@ -31,6 +31,8 @@ PackedSizes check_varlen_operands(const TensorView& query, const TensorView& key
   check_options(options, query.dtype);
   check_no_mask(options);
   check_float_operands({{&query, "query"}, {&key, "key"}, {&value, "value"}}, 3, "rank 3 (heads, total, dim)");
+  check_kv_scale(key, options.key_scale, "key", "options.key_scale");  // (Hkv, total_k)
+  check_kv_scale(value, options.value_scale, "value", "options.value_scale");
   const PackedSizes n{query.shape[0],
                       key.shape[0],
                       query.shape[1],
@@ -85,7 +87,10 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
     const TensorView q = sequence_view(query, cu_q[b], cu_q[b + 1] - cu_q[b]);
     const TensorView k = sequence_view(key, cu_k[b], cu_k[b + 1] - cu_k[b]);
     const TensorView v = sequence_view(value, cu_k[b], cu_k[b + 1] - cu_k[b]);
-    const Options sequence = sequence_options(options, static_cast<std::int64_t>(b));
+    Options sequence = sequence_options(options, static_cast<std::int64_t>(b));
+    if (options.key_scale) sequence.key_scale = sequence_view(*options.key_scale, cu_k[b], cu_k[b + 1] - cu_k[b]);
+    if (options.value_scale)
+      sequence.value_scale = sequence_view(*options.value_scale, cu_k[b], cu_k[b + 1] - cu_k[b]);
     ForwardOutputs slices{sequence_view(outputs.output, cu_q[b], cu_q[b + 1] - cu_q[b]), std::nullopt, std::nullopt};
     if (outputs.lse) slices.lse = sequence_view(*outputs.lse, cu_q[b], cu_q[b + 1] - cu_q[b]);
     Problem p = make_problem(check_inputs(q, k, v, sequence), slices);
@@ -98,6 +103,7 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
 std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs& inputs,
                                                             const VarlenSequences& sequences,
                                                             const BackwardOutputs& outputs, const Options& options) {
+  check_not_quantized(inputs.key, inputs.value, "the backward (quantized K/V are for inference)");
   const OutputShapes shapes = check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);
   if (outputs.grad_mask) fail("grad_mask", "expected no buffer for a packed call (it takes no mask), got one");
   // The whole call first: shapes, dtypes, no output overlapping an input or another output.

@@ -27,7 +27,7 @@ std::string number_string(double value);
 // a · b, or an error naming `argument` when it overflows int64.
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& argument);
 
-inline bool is_float(DType dtype) { return dtype != DType::boolean; }
+inline bool is_float(DType dtype) { return dtype != DType::boolean && dtype != DType::int8; }
 
 // A byte range [begin, end) covering every element of a view; empty for no elements.
 struct Span {

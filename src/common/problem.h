@@ -72,6 +72,9 @@ struct Problem {
   // Matrix index: query-side operands use batch·Hq + h, key/value batch·Hkv + h_kv.
   Operand query, key, value;
   Operand mask;  // absent if data == nullptr; matrices indexed like query
+  // int8 K / V: their float32 scales, matrices indexed like key (value), row = key index,
+  // col unused (stride 0); absent otherwise. Element j of key row is scale(j) · q.
+  Operand key_scale, value_scale;
   bool mask_is_bool = false;
 
   Operand output;

@@ -50,6 +50,7 @@ ShardCall check_shards(MPI_Comm comm, const TensorView& query, const TensorView&
   if (sharding.query_length < 0)
     fail("sharding.query_length", "expected >= 0, got " + std::to_string(sharding.query_length));
   if (sharding.key_length < 0) fail("sharding.key_length", "expected >= 0, got " + std::to_string(sharding.key_length));
+  sdpa::detail::check_not_quantized(key, value, "ring attention yet (use sdpa::forward on one process)");
   call.options = options;
   call.options.mask.reset();
   const sdpa::detail::CheckedInputs in = sdpa::detail::check_inputs(query, key, value, call.options);

@@ -60,12 +60,15 @@ struct Dtype {
 
 // Accepts the descr strings NumPy writes for the dtypes sdpa has: '<f2', '<f4', '<f8',
 // their big-endian '>' and native '=' forms, and bool ('|b1', or '?', which np.dtype
-// also accepts). Byte order is optional, as in np.dtype ('f4' is native).
+// also accepts), and int8 ('|i1'). Byte order is optional, as in np.dtype ('f4' is native).
 std::optional<Dtype> parse_descr(std::string_view descr) {
   if (descr == "?" || descr == "|b1" || descr == "|?" || descr == "b1" || descr == "<b1" || descr == ">b1" ||
       descr == "=b1") {
     return Dtype{DType::boolean, 1, false};
   }
+  // int8 (quantized K/V): one byte, no byte order ('|i1', or 'i1').
+  if (descr == "|i1" || descr == "i1" || descr == "<i1" || descr == ">i1" || descr == "=i1")
+    return Dtype{DType::int8, 1, false};
   bool big = !kLittleEndianHost;
   if (!descr.empty() && (descr[0] == '<' || descr[0] == '>' || descr[0] == '=')) {
     if (descr[0] == '<') big = false;
@@ -530,6 +533,9 @@ std::string npy_header(DType dtype, const std::vector<std::int64_t>& shape, cons
       break;
     case DType::boolean:
       descr = "|b1";
+      break;
+    case DType::int8:
+      descr = "|i1";
       break;
   }
 

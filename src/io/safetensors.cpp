@@ -59,10 +59,11 @@ std::optional<DtypeInfo> lookup_dtype(std::string_view name) {
   if (name == "F16") return DtypeInfo{2, DType::float16};
   if (name == "BF16") return DtypeInfo{2, DType::bfloat16};
   if (name == "BOOL") return DtypeInfo{1, DType::boolean};
+  if (name == "I8") return DtypeInfo{1, DType::int8};
   if (name == "I64" || name == "U64") return DtypeInfo{8, std::nullopt};
   if (name == "I32" || name == "U32") return DtypeInfo{4, std::nullopt};
   if (name == "I16" || name == "U16") return DtypeInfo{2, std::nullopt};
-  if (name == "I8" || name == "U8" || name == "F8_E5M2" || name == "F8_E4M3" || name == "F8_E8M0")
+  if (name == "U8" || name == "F8_E5M2" || name == "F8_E4M3" || name == "F8_E8M0")
     return DtypeInfo{1, std::nullopt};
   return std::nullopt;
 }
@@ -79,6 +80,8 @@ const char* dtype_code(DType dtype) {
       return "BF16";
     case DType::boolean:
       return "BOOL";
+    case DType::int8:
+      return "I8";
   }
   return "?";
 }

@@ -6,6 +6,7 @@
 //                                     (4a) an attention sink joins the denominator
 //   weights = dropout(weights)        kept weights scaled by 1/(1−p)
 //   output  = weights V               (5)
+// An int8 K or V is read as scale · q (kv_element), exactly.
 #include "reference/attention.h"
 
 #include <cmath>
@@ -54,7 +55,7 @@ void reference_forward(const Problem& p) {
         for (std::int64_t c = 0; c < p.Ev; ++c) {
           double o = 0.0;
           for (std::int64_t j = 0; j < p.S && !fully_masked; ++j)
-            o += weights[static_cast<std::size_t>(j)] * p.value.load<double>(kvm, j, c);
+            o += weights[static_cast<std::size_t>(j)] * kv_element(p.value, p.value_scale, kvm, j, c);
           p.output.store<double>(qm, i, c, o);
         }
       }

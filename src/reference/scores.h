@@ -16,6 +16,13 @@ namespace sdpa::detail {
 // max that propagates NaN: a NaN score must reach the output (pytorch#141128).
 inline double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a : b; }
 
+// Element (row, col) of matrix m of K or V as the formula reads it: an int8 element
+// times its row's scale (exact in float64: 8 by 24 significant bits), else the element.
+inline double kv_element(const Operand& op, const Operand& scale, std::int64_t m, std::int64_t row, std::int64_t col) {
+  const double x = op.load<double>(m, row, col);
+  return scale.present() ? scale.load<double>(m, row, 0) * x : x;
+}
+
 // The scores of query i (matrix `qm`) against every key (matrix `kvm`):
 //   scores  = Q Kᵀ · scale            (1) raw scores, (2) scaled
 //   scores  = softcap·tanh(s/softcap) (2a) logit softcapping, when softcap > 0
@@ -29,7 +36,7 @@ inline std::vector<double> scaled_masked_scores(const Problem& p, std::int64_t q
   if (capped) capped->assign(static_cast<std::size_t>(p.S), 0.0);
   for (std::int64_t j = 0; j < p.S; ++j) {
     double dot = 0.0;
-    for (std::int64_t e = 0; e < p.E; ++e) dot += p.query.load<double>(qm, i, e) * p.key.load<double>(kvm, j, e);
+    for (std::int64_t e = 0; e < p.E; ++e) dot += p.query.load<double>(qm, i, e) * kv_element(p.key, p.key_scale, kvm, j, e);
     double s = dot * p.scale;
     if (p.softcap > 0.0) {
       const double t = std::tanh(s / p.softcap);

@@ -334,6 +334,49 @@ TEST(Validation, AlignmentConflictingWithCausal) {
   expect_rejected(c, "options.alignment", {});
 }
 
+// int8 K/V (quantized caches): the scale must come with an int8 tensor and only with
+// one, float32, of the tensor's shape without its last dim; int8 queries and masks are
+// refused; the valid form is accepted.
+TEST(Validation, Int8KeysAndValuesAndTheirScales) {
+  Call c = valid_call();  // K (2, 2, 6, 8), V (2, 2, 6, 3)
+  const Tensor k_scale(DType::float32, {2, 2, 6}), v_scale(DType::float32, {2, 2, 6});
+  const Tensor k8 = convert(c.k, DType::int8), v8 = convert(c.v, DType::int8);
+  c.k = k8;
+  expect_rejected(c, "options.key_scale", {"int8 key", "got none"});
+  c.options.key_scale = k_scale.view();
+  forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options);  // K int8, V float32: accepted
+  c = valid_call();
+  c.options.key_scale = k_scale.view();
+  expect_rejected(c, "options.key_scale", {"no scale", "float32"});
+  c = valid_call();
+  c.v = v8;
+  c.options.value_scale = k_scale.view();
+  forward(c.q.view(), c.k.view(), c.v.view(), c.outputs(), c.options);  // V int8 alone: accepted
+  const Tensor wrong_shape(DType::float32, {2, 2, 6, 1}), wrong_dtype(DType::float64, {2, 2, 6});
+  c = valid_call();
+  c.v = v8;
+  c.options.value_scale = wrong_shape.view();
+  expect_rejected(c, "options.value_scale", {"(2, 2, 6)", "got (2, 2, 6, 1)"});
+  c.options.value_scale = wrong_dtype.view();
+  expect_rejected(c, "options.value_scale", {"float32", "got float64"}, nullptr, ErrorKind::type);
+  c = valid_call();
+  c.q = convert(c.q, DType::int8);
+  expect_rejected(c, "query", {"got int8"}, nullptr, ErrorKind::type);
+  c = valid_call();
+  const Tensor mask8(DType::int8, {6});
+  c.options.mask = mask8.view();
+  expect_rejected(c, "mask", {"got int8"}, nullptr, ErrorKind::type);
+  // A scale overlapping an output is an input the output would damage.
+  c = valid_call();
+  c.k = k8;
+  TensorView over_out = c.out.view();
+  over_out.dtype = DType::float32;
+  over_out.shape = {2, 2, 6};
+  over_out.strides = {};
+  c.options.key_scale = over_out;
+  expect_rejected(c, "output", {});
+}
+
 // backward() validates the same options and writes no gradient.
 TEST(Validation, BackwardRejectsTheSameModifiers) {
   Call c = valid_call();

@@ -44,6 +44,14 @@ Tensor to_float64(const TensorView& view) {
   return out;
 }
 
+Tensor dequantized(const TensorView& values, const TensorView& scale) {
+  Tensor out = to_float64(values);
+  const Tensor s = to_float64(scale);
+  const std::int64_t width = values.shape.empty() ? 1 : values.shape.back();
+  for (std::int64_t n = 0; n < out.numel(); ++n) out.set(n, out.get(n) * s.get(n / width));
+  return out;
+}
+
 Tensor convert(const Tensor& tensor, DType dtype) {
   Tensor out(dtype, tensor.shape());
   for (std::int64_t i = 0; i < tensor.numel(); ++i) out.set(i, tensor.get(i));
@@ -112,10 +120,16 @@ Agreement compare_with_oracle(const TensorView& query, const TensorView& key, co
   const ForwardResult plain = forward(query, key, value, fast);
   const ForwardResult full = forward(query, key, value, fast, Returns{true, true});
 
-  const Tensor q64 = to_float64(query), k64 = to_float64(key), v64 = to_float64(value);
+  // An int8 K or V stays int8 with its scale: the oracle reads scale · q exactly; the
+  // tolerance's naive attention multiplies the dequantized V.
+  const bool int8_key = key.dtype == DType::int8, int8_value = value.dtype == DType::int8;
+  const Tensor q64 = to_float64(query);
+  const Tensor k64 = int8_key ? Tensor() : to_float64(key);
+  const Tensor v64 = int8_value ? dequantized(value, *options.value_scale) : to_float64(value);
   Options oracle_options = options;
   oracle_options.backend = Backend::reference;
-  const ForwardResult oracle = forward(q64.view(), k64.view(), v64.view(), oracle_options, Returns{true, true});
+  const ForwardResult oracle = forward(q64.view(), int8_key ? key : k64.view(), int8_value ? value : v64.view(),
+                                       oracle_options, Returns{true, true});
 
   Agreement a = agree_with_oracle(full, oracle, v64, dtype);
   // Asking for weights and lse must not change the output by a single bit.

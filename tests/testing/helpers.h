@@ -23,6 +23,10 @@ Tensor random_bool(const Shape& shape, std::mt19937_64& rng, double p_true);
 
 // A packed float64 copy of any view (any dtype, any strides).
 Tensor to_float64(const TensorView& view);
+// An int8 K or V and its scale (Options::key_scale: the shape without the last dim) as
+// the float64 values they stand for, scale · q, packed; computed here element by element,
+// apart from the library.
+Tensor dequantized(const TensorView& values, const TensorView& scale);
 // The same values in another dtype (rounded).
 Tensor convert(const Tensor& tensor, DType dtype);
 // What storing `value` in `dtype` keeps (round to nearest even).

@@ -169,7 +169,7 @@ void query_tile(const Problem& p, Scratch<T>& s, std::int64_t b, std::int64_t h,
     const std::int64_t cols = std::min(kKeyTile, p.S - j0);
     const bool seen = j0 >= visible.start && j0 < visible.limit;
     if (seen) {
-      pack_rows<T>(p.key, kvm, j0, cols, p.E, s.k.data());
+      pack_kv_rows<T>(p.key, p.key_scale, kvm, j0, cols, p.E, s.k.data());
       masked_scores(p, s, qm, i0, rows, j0, cols);
     }
     for (std::int64_t r = 0; r < rows; ++r) {

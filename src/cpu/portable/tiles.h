@@ -28,6 +28,19 @@ inline VisibleKeys visible_keys(const Problem& p, std::int64_t i0, std::int64_t 
   return {p.key_begin(i0) / key_tile * key_tile, p.key_end(i0 + rows - 1)};
 }
 
+// pack_rows for K or V, an int8 one times its rows' scales: the float64 kernel widens
+// each tile exactly (8 by 24 significant bits fit in 53).
+template <class T>
+void pack_kv_rows(const Operand& src, const Operand& scale, std::int64_t matrix, std::int64_t row0, std::int64_t rows,
+                  std::int64_t cols, T* dst) {
+  pack_rows<T>(src, matrix, row0, rows, cols, dst);
+  if (!scale.present()) return;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T s = scale.load<T>(matrix, row0 + r, 0);
+    for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] *= s;
+  }
+}
+
 // visit(j0, cols) for each key tile [j0, j0+cols) of `visible`, with its K and V rows of
 // KV matrix kvm packed into k and v.
 template <class T, class Visit>
@@ -35,8 +48,8 @@ void for_each_key_tile(const Problem& p, std::int64_t kvm, VisibleKeys visible, 
                        Visit&& visit) {
   for (std::int64_t j0 = visible.start; j0 < visible.limit; j0 += key_tile) {
     const std::int64_t cols = std::min(key_tile, visible.limit - j0);
-    pack_rows<T>(p.key, kvm, j0, cols, p.E, k);
-    pack_rows<T>(p.value, kvm, j0, cols, p.Ev, v);
+    pack_kv_rows<T>(p.key, p.key_scale, kvm, j0, cols, p.E, k);
+    pack_kv_rows<T>(p.value, p.value_scale, kvm, j0, cols, p.Ev, v);
     visit(j0, cols);
   }
 }

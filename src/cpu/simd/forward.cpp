@@ -18,6 +18,11 @@
 // GQA: one task takes the query rows of all the heads that share a KV head (group × L
 // rows, flattened), so a K/V tile loaded once serves the whole group — what decoding
 // with few queries per head needs.
+//
+// int8 K/V (quantized caches): each tile widens q to float32 (exact) and the scale
+// multiplies the score column (s^K_j) and the weight column (s^V_j). A task of at most
+// kFewRows rows (decoding) skips the tiles: simd/int8_rows-inl.h reads the int8 rows in
+// place with lanes along E and Ev.
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
@@ -39,6 +44,7 @@
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
 #include "cpu/simd/exp2-inl.h"
+#include "cpu/simd/int8_rows-inl.h"
 #include "cpu/simd/lse_merge-inl.h"
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
@@ -63,6 +69,7 @@ constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyB
 // would otherwise stream K and V from memory once per 32 queries).
 struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
+  hwy::AlignedFreeUniquePtr<float[]> q_rows;        // int8 decode: Q (scaled) row-major, kFewRows × E
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;    // bfloat16 path: query pairs
 };
 
@@ -73,6 +80,8 @@ struct Scratch {
   Subtile sub[kSubtiles];
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
+  hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
+  std::vector<const std::int8_t*> k_rows, v_rows;        // int8 decode: the tile's rows in place
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -84,6 +93,7 @@ struct Scratch {
       t.m = hwy::AllocateAligned<float>(rows);
       t.l = hwy::AllocateAligned<float>(rows);
       if (bf16_path) t.qp = hwy::AllocateAligned<std::uint16_t>(E_even * rows);
+      if (p.key.dtype == DType::int8) t.q_rows = hwy::AllocateAligned<float>(kFewRows * p.E);
       t.rows.reserve(rows);
     }
     st = hwy::AllocateAligned<float>(kKeyTile * rows);
@@ -93,6 +103,10 @@ struct Scratch {
     row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
     alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
     row_major = hwy::AllocateAligned<float>(rows * std::max(p.E, Ev));
+    k_scale = hwy::AllocateAligned<float>(kKeyTile);
+    v_scale = hwy::AllocateAligned<float>(kKeyTile);
+    k_rows.resize(kKeyTile);
+    v_rows.resize(kKeyTile);
     if (bf16_path) {
       pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
       k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
@@ -207,6 +221,10 @@ class Task {
     kvm_ = b * p_.heads_kv + head_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
+    // Decoding with int8 rows of unit column stride: the in-place kernels (int8_rows-inl.h).
+    const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
+    few_keys_ = few && p_.key.dtype == DType::int8 && p_.key.col_stride == 1 ? row_count : 0;
+    few_values_ = few && p_.value.dtype == DType::int8 && p_.value.col_stride == 1 ? row_count : 0;
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
@@ -233,12 +251,22 @@ class Task {
     Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
     const float c = static_cast<float>(p_.scale * kLog2e);
     for (std::size_t x = 0; x < E * s_.rows; ++x) qt[x] *= c;
+    // The int8 decode kernels read Q row-major (int8_rows-inl.h), scaled alike.
+    if (few_keys_ > 0)
+      for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
   }
 
-  // K rows [j0, j0+cols), padded to whole key blocks.
+  // K rows [j0, j0+cols), padded to whole key blocks (an int8 K widened to float32 q,
+  // exactly, and its scales loaded for Scores).
   KeyRows LoadKeys(std::int64_t j0, std::int64_t cols) {
     const std::int64_t padded = RoundUp(cols, kKeyBlock);
+    if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
+    if (few_keys_ > 0) {  // read in place by Scores
+      for (std::int64_t c = 0; c < cols; ++c)
+        s_.k_rows[c] = reinterpret_cast<const std::int8_t*>(p_.key.address(kvm_, j0 + c, 0));
+      return k;
+    }
     if (bf16_)
       k.bf16 = Bf16Rows(p_.key, kvm_, j0, cols, padded, p_.E, true, s_.k16.get(), &k.stride);
     else
@@ -251,7 +279,11 @@ class Task {
   bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
     const std::int64_t padded = RoundUp(cols, kKeyBlock);
     float* st = s_.st.get();
-    if (bf16_) {
+    if (few_keys_ > 0) {
+      // Scaled by s^K_j in the kernel; the padding lanes get 0, as Qᵀ's zero rows give.
+      Int8Scores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, s_.k_scale.get(), st, s_.rows);
+      for (std::int64_t c = 0; c < cols; ++c) std::fill(st + c * s_.rows + few_keys_, st + (c + 1) * s_.rows, 0.0f);
+    } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
@@ -259,6 +291,8 @@ class Task {
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
         ScoreBlock<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
     }
+    // int8 K: s_j = scale_k[j] · (q · q_j), the scale once per score, not per element.
+    if (p_.key_scale.present() && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, s_.k_scale.get());
     padded_cols_ = padded;
     if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, kVectors, nullptr, 0);
     for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
@@ -317,14 +351,29 @@ class Task {
   // bfloat16: P rounded to bfloat16 (as FlashAttention does for its P·V product; l
   // keeps the float32 sum).
   void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols) {
+    if (few_values_ > 0) {  // int8 decode: V read in place
+      if (!values_loaded_) {
+        LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
+        for (std::int64_t c = 0; c < tile_cols; ++c)
+          s_.v_rows[c] = reinterpret_cast<const std::int8_t*>(p_.value.address(kvm_, j0 + c, 0));
+        values_loaded_ = true;
+      }
+      ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
+      Int8Accumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(), s_.rows);
+      return;
+    }
     if (!values_loaded_) {
       if (bf16_)
         values_.bf16 = Bf16Rows(p_.value, kvm_, j0, tile_cols, tile_cols, p_.Ev, false, s_.v16.get(), &values_.stride);
       else
         values_.f32 = KeyValueRows(p_.value, kvm_, j0, tile_cols, tile_cols, p_.Ev, s_.v_tile.get(), &values_.stride);
+      if (p_.value_scale.present()) LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
       values_loaded_ = true;
       packed_value_rows_ = 0;
     }
+    // int8 V: Oᵀ += q_j ⊗ scale_v[j]·p_j. Scaling Pᵀ in place is safe: l already holds
+    // the unscaled sum, and the next subtile recomputes Sᵀ.
+    if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
     if (bf16_) {
       // Pairs (c, c+1) must not reach past `cols`: an odd count packs its own pairs
       // with a zero partner, so a masked key's V (NaN, say) never meets a zero weight.
@@ -421,6 +470,7 @@ class Task {
   const std::size_t n_;
   const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
+  std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of an int8 decode task (int8_rows-inl.h), else 0
   KeyRows values_;  // V rows of the current key tile
   bool values_loaded_ = false;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
@@ -485,7 +535,11 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
 // The bfloat16 microkernels are written for two.
 void ForwardFloat32(const Problem* problems, std::int64_t count) {
   if (count == 0) return;
-  const bool bf16_path = kBf16KernelsFit && problems[0].query.dtype == DType::bfloat16 && bf16::supported();
+  // (int8 K/V take the float32 path: their tiles widen to float32, exactly.)
+  const Problem& first = problems[0];
+  const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 &&
+                         first.key.dtype == DType::bfloat16 && first.value.dtype == DType::bfloat16 &&
+                         bf16::supported();
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(DF()));
   const bool few_rows = std::all_of(problems, problems + count, [&](const Problem& p) {
     return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= lanes;

@@ -53,6 +53,19 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
     case DType::boolean:
       each([](const std::byte* p) { return *p != std::byte{0} ? 1.0f : 0.0f; }, 1);
       return;
+    case DType::int8: {  // quantized K/V rows: q exactly (the scale is the caller's)
+      std::int64_t c = 0;
+      if (step == 1) {
+        const hn::Rebind<std::int32_t, DF> di;
+        const hn::Rebind<std::int8_t, DF> d8;
+        for (; c + N <= count; c += N)
+          hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(base) + c))),
+                     df, out + c);
+      }
+      for (const std::byte* at = base + c * step; c < count; ++c, at += step)
+        out[c] = static_cast<float>(static_cast<std::int8_t>(*at));
+      return;
+    }
     case DType::float16:
     case DType::bfloat16: {
       const bool half = op.dtype == DType::float16;
@@ -104,7 +117,26 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
       each([](std::byte* p, float v) { const std::uint16_t h = float_to_bf16(v); std::memcpy(p, &h, 2); });
       return;
     case DType::boolean:
+    case DType::int8:
       return;  // never an output dtype (validated)
+  }
+}
+
+// The scales of rows [j0, j0+cols) of an int8 K or V (Problem::key_scale, value_scale),
+// paged or not, into `out`.
+inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols, float* out) {
+  for (std::int64_t c = 0; c < cols; ++c) out[c] = scale.load<float>(matrix, j0 + c, 0);
+}
+
+// xt[c·rows + ·] *= factor[c] for c < cols: a column of a transposed tile (Sᵀ, Pᵀ) times
+// its key's scale.
+inline void ScaleColumns(float* xt, std::size_t rows, std::int64_t cols, const float* factor) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const VF f = hn::Set(df, factor[c]);
+    for (std::size_t lane0 = 0; lane0 < rows; lane0 += N)
+      hn::Store(hn::Mul(hn::Load(df, xt + c * rows + lane0), f), df, xt + c * rows + lane0);
   }
 }
 

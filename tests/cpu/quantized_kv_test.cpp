@@ -1,0 +1,347 @@
+// int8 K/V with a float32 scale per (token, KV head) (Options::key_scale, value_scale;
+// quantize_kv): the CPU forward against the float64 oracle, which reads scale · q
+// exactly, over decode (L = 1..16), prefill, GQA, causal, masks, the split-key decode of
+// long S and every query dtype; quantize_kv's own guarantees; and the error against the
+// unquantized K/V within the bound docs/numerics.md derives (not a guessed tolerance).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "testing/cases.h"
+#include "testing/helpers.h"
+#include "testing/rejection.h"
+
+namespace sdpa::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A call's K and V quantized (either or both), with the options that read them.
+struct Quantized {
+  Tensor q, k, v;        // the query and the unquantized K/V (float32)
+  QuantizedKV k8, v8;    // int8 and scales
+  Tensor mask;
+  Options options;
+  bool int8_key = true, int8_value = true;
+  TensorView key() const { return int8_key ? k8.values.view() : k.view(); }
+  TensorView value() const { return int8_value ? v8.values.view() : v.view(); }
+};
+
+struct Shape4 {
+  std::int64_t B = 1, Hq = 4, Hkv = 2, L = 1, S = 37, E = 16, Ev = 16;
+};
+
+Quantized make_quantized(const Shape4& s, DType query_dtype, std::uint64_t seed, bool int8_key = true,
+                         bool int8_value = true) {
+  std::mt19937_64 rng(seed);
+  Quantized c;
+  c.q = random_tensor(query_dtype, {s.B, s.Hq, s.L, s.E}, rng);
+  const DType kv_dtype = query_dtype == DType::float64 ? DType::float64 : query_dtype;
+  c.k = random_tensor(kv_dtype, {s.B, s.Hkv, s.S, s.E}, rng);
+  c.v = random_tensor(kv_dtype, {s.B, s.Hkv, s.S, s.Ev}, rng);
+  c.int8_key = int8_key;
+  c.int8_value = int8_value;
+  c.k8 = quantize_kv(c.k.view());
+  c.v8 = quantize_kv(c.v.view());
+  if (int8_key) c.options.key_scale = c.k8.scale.view();
+  if (int8_value) c.options.value_scale = c.v8.scale.view();
+  return c;
+}
+
+void expect_agrees(const Quantized& c, const std::string& what) {
+  const Agreement a = compare_with_oracle(c.q.view(), c.key(), c.value(), c.options);
+  EXPECT_TRUE(a.ok()) << what << ": " << a.describe();
+}
+
+// Decoding: L = 1..16 new queries against the quantized cache, GQA, bottom-right causal
+// (the queries are the sequence's last), both K and V int8 or one of them.
+TEST(QuantizedKV, DecodeMatchesOracle) {
+  int n = 0;
+  for (std::int64_t L : {1, 2, 3, 5, 8, 16})
+    for (std::int64_t S : {1, 17, 113, 1023})
+      for (int which = 0; which < 3; ++which) {
+        Shape4 s;
+        s.L = L, s.S = S, s.Hq = 8, s.Hkv = 2, s.E = 40, s.Ev = 24;
+        Quantized c = make_quantized(s, DType::float32, ++n, which != 2, which != 1);
+        if (n % 2) c.options.causal = Causal::bottom_right;
+        expect_agrees(c, "L " + std::to_string(L) + " S " + std::to_string(S) + " which " + std::to_string(which));
+      }
+}
+
+// Prefill (L = S, top-left causal), GQA ratios 1, 2, 5, head dims off the vector width.
+TEST(QuantizedKV, PrefillAndGqaMatchOracle) {
+  int n = 100;
+  for (std::int64_t group : {1, 2, 5})
+    for (std::int64_t E : {1, 8, 111, 128})
+      for (Causal causal : {Causal::none, Causal::top_left}) {
+        Shape4 s;
+        s.B = 2, s.Hkv = 2, s.Hq = 2 * group, s.L = 129, s.S = 129, s.E = E, s.Ev = E == 1 ? 3 : E;
+        Quantized c = make_quantized(s, DType::float32, ++n);
+        c.options.causal = causal;
+        expect_agrees(c, "group " + std::to_string(group) + " E " + std::to_string(E));
+      }
+}
+
+// Every query dtype: bfloat16 and float16 queries read int8 K/V on the float32 path,
+// float64 ones on the float64 path (exact dequantization per tile).
+TEST(QuantizedKV, EveryQueryDtypeMatchesOracle) {
+  int n = 200;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16, DType::float64})
+    for (std::int64_t L : {1, 7}) {
+      Shape4 s;
+      s.L = L, s.S = 300, s.Hq = 6, s.Hkv = 2, s.E = 64, s.Ev = 32;
+      Quantized c = make_quantized(s, dtype, ++n);
+      expect_agrees(c, dtype_name(dtype));
+    }
+}
+
+// Masks (bool and additive, broadcast), the window, ALiBi, softcap and sinks on top.
+TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
+  Shape4 s;
+  s.B = 2, s.Hq = 4, s.Hkv = 2, s.L = 5, s.S = 200, s.E = 32, s.Ev = 20;
+  std::mt19937_64 rng(300);
+  for (int variant = 0; variant < 4; ++variant) {
+    Quantized c = make_quantized(s, DType::float32, 301 + variant);
+    Tensor slopes, sinks;
+    if (variant == 0) {
+      c.mask = random_bool({s.B, 1, s.L, s.S}, rng, 0.7);
+      c.options.mask = c.mask.view();
+    } else if (variant == 1) {
+      c.mask = random_tensor(DType::float32, {s.S}, rng);
+      c.options.mask = c.mask.view();
+      c.options.causal = Causal::bottom_right;
+    } else if (variant == 2) {
+      c.options.window_left = 30;
+      c.options.causal = Causal::bottom_right;
+      slopes = alibi_slopes(DType::float32, {s.B}, s.Hq, true);
+      c.options.alibi_slopes = slopes.view();
+      c.options.softcap = 5;
+    } else {
+      sinks = sink_logits(DType::float32, {s.B}, s.Hq, true);
+      c.options.sinks = sinks.view();
+      c.options.dropout_p = 0.25;
+      c.options.seed = 7;
+    }
+    expect_agrees(c, "variant " + std::to_string(variant));
+  }
+}
+
+// Long S with few query rows: the keys split into ranges merged by log-sum-exp; the
+// merge must agree with the oracle and be bitwise the same for any thread count.
+TEST(QuantizedKV, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
+  Shape4 s;
+  s.Hq = 8, s.Hkv = 2, s.L = 1, s.S = 9001, s.E = 32, s.Ev = 32;
+  Quantized c = make_quantized(s, DType::float32, 400);
+  expect_agrees(c, "L 1");
+  std::vector<Tensor> outputs;
+  for (int threads : {1, 2, 3}) {
+    c.options.num_threads = threads;
+    outputs.push_back(forward(c.q.view(), c.key(), c.value(), c.options).output);
+  }
+  EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].nbytes()), 0);
+  EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[2].data(), outputs[0].nbytes()), 0);
+  c.options.num_threads = 0;
+  s.L = 3;
+  Quantized c3 = make_quantized(s, DType::bfloat16, 401);
+  c3.options.causal = Causal::bottom_right;
+  expect_agrees(c3, "L 3 bfloat16");
+}
+
+// A (B, S, Hkv, E) int8 buffer viewed as (B, Hkv, S, E), its scales (B, S, Hkv) viewed
+// as (B, Hkv, S): the kernels follow any strides of both.
+TEST(QuantizedKV, TokenMajorStridedCacheMatchesOracle) {
+  Shape4 s;
+  s.B = 2, s.Hq = 4, s.Hkv = 2, s.L = 3, s.S = 50, s.E = 16, s.Ev = 16;
+  std::mt19937_64 rng(500);
+  const Tensor q = random_tensor(DType::float32, {s.B, s.Hq, s.L, s.E}, rng);
+  const Tensor k = random_tensor(DType::float32, {s.B, s.S, s.Hkv, s.E}, rng);  // token-major storage
+  const Tensor v = random_tensor(DType::float32, {s.B, s.S, s.Hkv, s.Ev}, rng);
+  const QuantizedKV k8 = quantize_kv(k.view()), v8 = quantize_kv(v.view());
+  auto permuted = [](TensorView view) {  // swap dims 1 and 2
+    view.strides = view.effective_strides();
+    std::swap(view.shape[1], view.shape[2]);
+    std::swap(view.strides[1], view.strides[2]);
+    return view;
+  };
+  Options o;
+  o.key_scale = permuted(k8.scale.view());
+  o.value_scale = permuted(v8.scale.view());
+  o.causal = Causal::bottom_right;
+  const Agreement a = compare_with_oracle(q.view(), permuted(k8.values.view()), permuted(v8.values.view()), o);
+  EXPECT_TRUE(a.ok()) << a.describe();
+}
+
+// Packed variable-length batches: int8 K/V (Hkv, total_k, ·) with scales (Hkv, total_k);
+// each sequence equals forward() on its own slice of the int8 rows and scales.
+TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
+  std::mt19937_64 rng(900);
+  const std::vector<std::int64_t> cu_q = {0, 1, 4, 4, 9}, cu_k = {0, 30, 31, 31, 130};
+  const std::int64_t Hq = 4, Hkv = 2, E = 24, Ev = 8;
+  const Tensor q = random_tensor(DType::float32, {Hq, 9, E}, rng);
+  const Tensor k = random_tensor(DType::float32, {Hkv, 130, E}, rng), v = random_tensor(DType::float32, {Hkv, 130, Ev}, rng);
+  const QuantizedKV k8 = quantize_kv(k.view()), v8 = quantize_kv(v.view());
+  Options o;
+  o.causal = Causal::bottom_right;
+  o.key_scale = k8.scale.view();
+  o.value_scale = v8.scale.view();
+  const ForwardResult packed = forward_varlen(q.view(), k8.values.view(), v8.values.view(), {cu_q, cu_k}, o);
+  auto rows = [](const TensorView& t, std::int64_t r0, std::int64_t n) {  // rows [r0, r0+n) of dim 1, as (1, H, n, ...)
+    TensorView view = t;
+    view.strides = t.effective_strides();
+    view.data = static_cast<std::byte*>(t.data) + r0 * view.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
+    view.shape[1] = n;
+    view.shape.insert(view.shape.begin(), 1);
+    view.strides.insert(view.strides.begin(), 0);
+    return view;
+  };
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const std::int64_t L = cu_q[b + 1] - cu_q[b], S = cu_k[b + 1] - cu_k[b];
+    Options ob = o;
+    ob.key_scale = rows(k8.scale.view(), cu_k[b], S);
+    ob.value_scale = rows(v8.scale.view(), cu_k[b], S);
+    const ForwardResult alone = forward(rows(q.view(), cu_q[b], L), rows(k8.values.view(), cu_k[b], S),
+                                        rows(v8.values.view(), cu_k[b], S), ob);
+    const Tensor want = to_float64(alone.output.view());
+    const Tensor got = to_float64(rows(packed.output.view(), cu_q[b], L));
+    EXPECT_LE(max_abs_diff(got, want), 1e-6 * std::max(1.0, max_abs(want))) << "sequence " << b;
+  }
+}
+
+// quantize_kv: scale = max|row| / 127 (rounded to float32), q in [−127, 127] with the
+// row's largest element at ±127, every |x − scale · q| <= scale / 2 (the property the
+// error bound rests on), a zero row gives scale 0 and q = 0, strided views work, and
+// a non-finite input is refused with nothing written.
+TEST(QuantizedKV, QuantizeRoundTripProperty) {
+  std::mt19937_64 rng(600);
+  for (DType dtype : {DType::float32, DType::float64, DType::bfloat16, DType::float16}) {
+    Tensor x = random_tensor(dtype, {3, 4, 7, 33}, rng, 3.0);
+    for (std::int64_t e = 0; e < 33; ++e) x.set(2 * 33 + e, 0.0);  // row 2: zeros
+    const QuantizedKV qk = quantize_kv(x.view());
+    ASSERT_EQ(qk.values.shape(), x.shape());
+    ASSERT_EQ(qk.scale.shape(), (Shape{3, 4, 7}));
+    for (std::int64_t row = 0; row < qk.scale.numel(); ++row) {
+      double max = 0;
+      for (std::int64_t e = 0; e < 33; ++e) max = std::max(max, std::abs(x.get(row * 33 + e)));
+      const double scale = qk.scale.get(row);
+      EXPECT_EQ(scale, static_cast<double>(static_cast<float>(max / 127))) << "row " << row;
+      double largest_q = 0;
+      for (std::int64_t e = 0; e < 33; ++e) {
+        const double q = qk.values.get(row * 33 + e), xv = x.get(row * 33 + e);
+        EXPECT_LE(std::abs(q), 127.0);
+        EXPECT_LE(std::abs(xv - scale * q), scale / 2 * (1 + 1e-12)) << "row " << row << " e " << e;
+        largest_q = std::max(largest_q, std::abs(q));
+      }
+      EXPECT_EQ(largest_q, max == 0 ? 0.0 : 127.0) << "row " << row;
+    }
+    EXPECT_EQ(qk.scale.get(2), 0.0);
+  }
+  // Strided input and outputs: the transpose of a packed tensor gives the same numbers.
+  const Tensor x = random_tensor(DType::float32, {5, 9}, rng);
+  TensorView xt = x.view();
+  xt.shape = {9, 5};
+  xt.strides = {1, 9};
+  const QuantizedKV direct = quantize_kv(xt);
+  const Tensor packed = to_float64(xt);
+  const QuantizedKV from_packed = quantize_kv(packed.view());
+  EXPECT_TRUE(bitwise_equal(direct.values, from_packed.values));
+  EXPECT_TRUE(bitwise_equal(direct.scale, from_packed.scale));
+
+  // Refused: NaN / inf, a non-float x, wrong output shapes or dtypes; nothing written.
+  Tensor bad = random_tensor(DType::float32, {2, 4}, rng);
+  bad.set(5, std::numeric_limits<double>::quiet_NaN());
+  Tensor values(DType::int8, {2, 4}), scale(DType::float32, {2});
+  fill_with_sentinel({&values, &scale});
+  expect_rejected_naming([&] { quantize_kv(bad.view(), values.view(), scale.view()); }, "x", {&values, &scale});
+  bad.set(5, kInf);
+  expect_rejected_naming([&] { quantize_kv(bad.view(), values.view(), scale.view()); }, "x", {&values, &scale});
+  const Tensor good = random_tensor(DType::float32, {2, 4}, rng);
+  Tensor wrong_scale(DType::float32, {2, 4}), wrong_values(DType::float32, {2, 4});
+  expect_rejected_naming([&] { quantize_kv(good.view(), values.view(), wrong_scale.view()); }, "scale", {&values});
+  expect_rejected_naming([&] { quantize_kv(good.view(), wrong_values.view(), scale.view()); }, "values", {&scale});
+  const Tensor ints(DType::int8, {2, 4});
+  expect_rejected_naming([&] { quantize_kv(ints.view(), values.view(), scale.view()); }, "x", {&values, &scale});
+}
+
+// The error against the *unquantized* K/V: each element moves by at most s/2 (s its
+// row's scale), so with the query row q_i a score moves by at most
+//   Δ_i = |scale| · ‖q_i‖₁ · max_j s^K_j / 2   (softcap's tanh is 1-Lipschitz: no more),
+// the weights by a factor within e^{±2Δ_i}, hence Σ_j |p̂_j − p_j| <= e^{2Δ_i} − 1, and
+//   |ô_id − o_id| <= (e^{2Δ_i} − 1) · max_j |v_jd| + max_j s^V_j / 2,   |lse_i − lse_i| <= Δ_i
+// plus the kernel's own float32 error (1e-5 of the output scale). docs/numerics.md.
+TEST(QuantizedKV, ErrorAgainstUnquantizedWithinTheDerivedBound) {
+  int n = 700;
+  for (double stddev : {0.3, 1.0})
+    for (std::int64_t L : {1, 4})
+      for (double softcap : {0.0, 20.0}) {
+        Shape4 s;
+        s.Hq = 8, s.Hkv = 2, s.L = L, s.S = 500, s.E = 64, s.Ev = 64;
+        std::mt19937_64 rng(++n);
+        const Tensor q = random_tensor(DType::float32, {s.B, s.Hq, s.L, s.E}, rng, stddev);
+        const Tensor k = random_tensor(DType::float32, {s.B, s.Hkv, s.S, s.E}, rng, stddev);
+        const Tensor v = random_tensor(DType::float32, {s.B, s.Hkv, s.S, s.Ev}, rng);
+        const QuantizedKV k8 = quantize_kv(k.view()), v8 = quantize_kv(v.view());
+        Options exact;
+        exact.backend = Backend::reference;
+        exact.softcap = softcap;
+        exact.causal = Causal::bottom_right;
+        const ForwardResult want = forward(to_float64(q.view()).view(), to_float64(k.view()).view(),
+                                           to_float64(v.view()).view(), exact, Returns{false, true});
+        Options quantized = exact;
+        quantized.backend = Backend::cpu;
+        quantized.key_scale = k8.scale.view();
+        quantized.value_scale = v8.scale.view();
+        const ForwardResult got = forward(q.view(), k8.values.view(), v8.values.view(), quantized, Returns{false, true});
+
+        const double scale = 1.0 / std::sqrt(static_cast<double>(s.E));
+        const double kernel = 1e-5 * std::max(1.0, max_abs(want.output));
+        const std::int64_t group = s.Hq / s.Hkv;
+        double worst = 0, worst_lse = 0;
+        for (std::int64_t h = 0; h < s.Hq; ++h) {
+          const std::int64_t hk = h / group;
+          double sk = 0, sv = 0;
+          for (std::int64_t j = 0; j < s.S; ++j) {
+            sk = std::max(sk, k8.scale.get(hk * s.S + j));
+            sv = std::max(sv, v8.scale.get(hk * s.S + j));
+          }
+          for (std::int64_t i = 0; i < s.L; ++i) {
+            double q1 = 0;
+            for (std::int64_t e = 0; e < s.E; ++e) q1 += std::abs(q.get((h * s.L + i) * s.E + e));
+            const double delta = scale * q1 * sk / 2;
+            for (std::int64_t d = 0; d < s.Ev; ++d) {
+              double vmax = 0;
+              for (std::int64_t j = 0; j < s.S; ++j) vmax = std::max(vmax, std::abs(v.get((hk * s.S + j) * s.Ev + d)));
+              const double bound = std::expm1(2 * delta) * vmax + sv / 2 + kernel;
+              const double err = std::abs(got.output.get((h * s.L + i) * s.Ev + d) - want.output.get((h * s.L + i) * s.Ev + d));
+              EXPECT_LE(err, bound) << "h " << h << " i " << i << " d " << d;
+              worst = std::max(worst, err / bound);
+            }
+            const double lse_err = std::abs(got.lse.get(h * s.L + i) - want.lse.get(h * s.L + i));
+            EXPECT_LE(lse_err, delta + 1e-5 * std::max(1.0, std::abs(want.lse.get(h * s.L + i))));
+            worst_lse = std::max(worst_lse, lse_err / delta);
+          }
+        }
+        // Not vacuous: the quantized result does differ from the exact one.
+        EXPECT_GT(max_abs_diff(to_float64(got.output.view()), want.output), 1e-6);
+        RecordProperty("worst_fraction_of_bound_" + std::to_string(n), std::to_string(worst));
+      }
+}
+
+// The backward refuses int8 K/V (inference only), naming the argument.
+TEST(QuantizedKV, BackwardRefusesInt8) {
+  Shape4 s;
+  Quantized c = make_quantized(s, DType::float32, 800);
+  const ForwardResult fwd = forward(c.q.view(), c.key(), c.value(), c.options, Returns{false, true});
+  Tensor dq(DType::float32, c.q.shape()), dk(DType::float32, c.k.shape()), dv(DType::float32, c.v.shape());
+  fill_with_sentinel({&dq, &dk, &dv});
+  const Tensor dout = convert(fwd.output, DType::float32);
+  const BackwardInputs in{c.q.view(), c.key(), c.value(), fwd.output.view(), fwd.lse.view(), dout.view()};
+  expect_rejected_naming([&] { backward(in, {dq.view(), dk.view(), dv.view()}, c.options); }, "key", {&dq, &dk, &dv});
+}
+
+}  // namespace
+}  // namespace sdpa::testing
