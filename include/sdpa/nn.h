@@ -63,6 +63,12 @@ void xavier_normal(const TensorView& weight, std::uint64_t seed, double gain = 1
 // (B, Hkv, capacity, ·) so that keys() and values() are strided views sdpa::forward
 // reads directly. Capacity doubles when an append needs more.
 //
+// An int8 cache (quantized K/V, half the bytes of bfloat16 per decoded token) stores q
+// and a float32 scale per (batch, head, position): append() takes floating-point keys
+// and values and quantizes each row as quantize_kv does (sdpa/quantize.h);
+// key_scale() and value_scale() are the views to pass as Options::key_scale and
+// value_scale beside keys() and values().
+//
 // Not thread-safe: append() and truncate() change the length and may move the storage
 // that keys() and values() point into. A cache belongs to one thread (one per
 // sequence being decoded); share one only behind your own lock.
@@ -73,13 +79,18 @@ class KVCache {
           std::int64_t capacity = 0);
 
   // Copies `keys` (B, Hkv, T, D) and `values` (B, Hkv, T, Dv), any strides, the cache's
-  // dtype, after the cached positions. Throws sdpa::Error on a shape or dtype mismatch
-  // (and then leaves the cache unchanged).
+  // dtype (an int8 cache: any floating-point dtype, quantized), after the cached
+  // positions. Throws sdpa::Error on a shape or dtype mismatch, or a non-finite value
+  // for an int8 cache (and then leaves the cache unchanged).
   void append(const TensorView& keys, const TensorView& values);
   // Views of the cached positions: (B, Hkv, length, D) and (B, Hkv, length, Dv). Valid
   // until the next append or clear.
   TensorView keys() const;
   TensorView values() const;
+  // An int8 cache's scales, (B, Hkv, length) float32, valid as keys(); nullopt otherwise.
+  std::optional<TensorView> key_scale() const;
+  std::optional<TensorView> value_scale() const;
+  DType dtype() const { return dtype_; }
   std::int64_t length() const { return length_; }
   std::int64_t capacity() const { return capacity_; }
   // Forgets the cached positions (keeps the memory).
@@ -96,6 +107,7 @@ class KVCache {
   std::int64_t batch_ = 0, kv_heads_ = 0, head_dim_ = 0, value_dim_ = 0;
   std::int64_t length_ = 0, capacity_ = 0;
   Tensor keys_, values_;
+  Tensor key_scale_, value_scale_;  // int8: (B, Hkv, capacity) float32
 };
 
 // ---- Multi-head attention ----------------------------------------------------------
@@ -177,7 +189,8 @@ class MultiHeadAttention {
   AttentionResult forward(const TensorView& x, const AttentionCall& call = {}) const { return forward(x, x, x, call); }
 
   // A cache sized for this layer (Hkv heads of head_dim) and `batch` sequences.
-  KVCache make_cache(std::int64_t batch, std::int64_t capacity = 0) const;
+  // `dtype`: the layer's (unset), or int8 for a quantized cache.
+  KVCache make_cache(std::int64_t batch, std::int64_t capacity = 0, std::optional<DType> dtype = std::nullopt) const;
 
   const MultiHeadAttentionConfig& config() const { return config_; }
 

@@ -20,6 +20,9 @@ PagedSizes check_paged_operands(const TensorView& query, const PagedKV& cache, c
                        "rank 4 ((batch, heads, seq, dim) for the query, (pages, heads, page_size, dim) for pages)");
   const TensorView& kp = cache.key_pages;
   const TensorView& vp = cache.value_pages;
+  // int8 pages: their scales are pages too, (pages, Hkv, page_size), in the options.
+  check_kv_scale(kp, options.key_scale, "key_pages", "options.key_scale");
+  check_kv_scale(vp, options.value_scale, "value_pages", "options.value_scale");
   const PagedSizes n{query.shape[0], query.shape[1], kp.shape[1], query.shape[2],
                      query.shape[3], vp.shape[3],    kp.shape[0], kp.shape[2]};
   if (kp.shape[3] != n.E)
@@ -84,6 +87,25 @@ TensorView stand_in_keys(const TensorView& pages, std::int64_t S) {
   return view;
 }
 
+// The same for the scale pages (pages, Hkv, page_size) of int8 pages: (1, Hkv, S).
+TensorView stand_in_scales(const TensorView& scale_pages, std::int64_t S) {
+  const Shape strides = scale_pages.effective_strides();
+  TensorView view = scale_pages;
+  view.shape = {1, scale_pages.shape[1], S};
+  view.strides = {0, strides[1], 0};
+  return view;
+}
+
+// Sequence b's scales as an Operand reading through its block table: the scale pages
+// with a column dim of stride 0 added, so that row j is key j.
+Operand paged_scale_operand(const TensorView& scale_pages, const PagedKV& cache, std::int64_t b, std::int64_t S) {
+  TensorView columns = scale_pages;
+  columns.strides = scale_pages.effective_strides();
+  columns.shape.push_back(1);
+  columns.strides.push_back(0);
+  return paged_operand(columns, cache, b, S);
+}
+
 }  // namespace
 
 OutputShapes check_paged_inputs(const TensorView& query, const PagedKV& cache, const Options& options) {
@@ -113,9 +135,14 @@ std::vector<Problem> make_paged_problems(const TensorView& query, const PagedKV&
     const TensorView k = stand_in_keys(cache.key_pages, S), v = stand_in_keys(cache.value_pages, S);
     ForwardOutputs slices{batch_element(outputs.output, b), std::nullopt, std::nullopt};
     if (outputs.lse) slices.lse = batch_element(*outputs.lse, b);
-    Problem p = make_problem(check_inputs(q, k, v, sequence_options(options, b)), slices);
+    Options sequence = sequence_options(options, b);
+    if (options.key_scale) sequence.key_scale = stand_in_scales(*options.key_scale, S);
+    if (options.value_scale) sequence.value_scale = stand_in_scales(*options.value_scale, S);
+    Problem p = make_problem(check_inputs(q, k, v, sequence), slices);
     p.key = paged_operand(cache.key_pages, cache, b, S);
     p.value = paged_operand(cache.value_pages, cache, b, S);
+    if (options.key_scale) p.key_scale = paged_scale_operand(*options.key_scale, cache, b, S);
+    if (options.value_scale) p.value_scale = paged_scale_operand(*options.value_scale, cache, b, S);
     p.first_batch = b;
     problems.push_back(std::move(p));
   }

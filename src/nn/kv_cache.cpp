@@ -1,13 +1,15 @@
 // The cache stores (B, Hkv, capacity, D): the positions of one (batch, head) are
 // contiguous, so the view of the first `length` positions is a plain strided tensor and
 // sdpa::forward reads it without a copy. Growing by doubling makes appending T tokens
-// one at a time cost O(T) copies in total.
+// one at a time cost O(T) copies in total. An int8 cache keeps its scales the same way,
+// (B, Hkv, capacity), and quantizes what it is given straight into its storage.
 #include "sdpa/nn.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "sdpa/error.h"
+#include "sdpa/quantize.h"
 
 namespace sdpa::nn {
 namespace {
@@ -42,12 +44,40 @@ void copy_in(const TensorView& src, Tensor& dst, std::int64_t at) {
       }
 }
 
+// Positions [at, at + tokens) of a packed (B, H, capacity, dim) tensor as a view.
+TensorView slots(const Tensor& t, std::int64_t at, std::int64_t tokens, std::int64_t dim) {
+  const std::int64_t batch = t.shape()[0], heads = t.shape()[1], capacity = t.shape()[2];
+  return TensorView{static_cast<std::byte*>(const_cast<void*>(t.data())) +
+                        at * dim * static_cast<std::int64_t>(dtype_size(t.dtype())),
+                    t.dtype(),
+                    {batch, heads, tokens, dim},
+                    {heads * capacity * dim, capacity * dim, dim, 1}};
+}
+
+// The same for a (B, H, capacity, 1) scale tensor: (B, H, tokens).
+TensorView scale_slots(const Tensor& t, std::int64_t at, std::int64_t tokens) {
+  const std::int64_t batch = t.shape()[0], heads = t.shape()[1], capacity = t.shape()[2];
+  return TensorView{static_cast<float*>(const_cast<void*>(t.data())) + at,
+                    DType::float32,
+                    {batch, heads, tokens},
+                    {heads * capacity, capacity, 1}};
+}
+
+// A (B, H, T) scale view as (B, H, T, 1), the shape copy_in takes.
+TensorView as_rows(TensorView scale) {
+  scale.strides = scale.effective_strides();
+  scale.shape.push_back(1);
+  scale.strides.push_back(1);
+  return scale;
+}
+
 }  // namespace
 
 KVCache::KVCache(DType dtype, std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
                  std::int64_t capacity)
     : dtype_(dtype), batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), value_dim_(value_dim) {
-  if (dtype == DType::boolean) throw Error(ErrorKind::type, "dtype", "expected a floating-point dtype, got bool");
+  if (dtype == DType::boolean)
+    throw Error(ErrorKind::type, "dtype", "expected a floating-point dtype or int8 (quantized), got bool");
   for (auto [name, value] :
        {std::pair{"batch", batch}, std::pair{"kv_heads", kv_heads}, std::pair{"head_dim", head_dim},
         std::pair{"value_dim", value_dim}, std::pair{"capacity", capacity}}) {
@@ -65,6 +95,16 @@ std::pair<Tensor, Tensor> KVCache::grow(std::int64_t needed) {
     copy_in(this->keys(), keys, 0);
     copy_in(this->values(), values, 0);
   }
+  if (dtype_ == DType::int8) {  // the scales, stored (B, Hkv, capacity, 1) for copy_in
+    Tensor key_scale(DType::float32, {batch_, kv_heads_, capacity, 1});
+    Tensor value_scale(DType::float32, {batch_, kv_heads_, capacity, 1});
+    if (length_ > 0) {
+      copy_in(as_rows(*this->key_scale()), key_scale, 0);
+      copy_in(as_rows(*this->value_scale()), value_scale, 0);
+    }
+    std::swap(key_scale_, key_scale);
+    std::swap(value_scale_, value_scale);
+  }
   std::swap(keys_, keys);
   std::swap(values_, values);
   capacity_ = capacity;
@@ -73,7 +113,12 @@ std::pair<Tensor, Tensor> KVCache::grow(std::int64_t needed) {
 
 void KVCache::append(const TensorView& keys, const TensorView& values) {
   auto check = [&](const TensorView& v, const char* name, std::int64_t dim) {
-    if (v.dtype != dtype_) {
+    if (dtype_ == DType::int8 && (v.dtype == DType::boolean || v.dtype == DType::int8)) {
+      throw Error(ErrorKind::type, name,
+                  std::string("expected floating-point keys and values to quantize into the int8 cache, got ") +
+                      dtype_name(v.dtype));
+    }
+    if (v.dtype != dtype_ && dtype_ != DType::int8) {
       throw Error(ErrorKind::type, name,
                   std::string("expected the cache's dtype ") + dtype_name(dtype_) + ", got " + dtype_name(v.dtype));
     }
@@ -99,8 +144,15 @@ void KVCache::append(const TensorView& keys, const TensorView& values) {
   // `keys` and `values` may view the cache itself (appending its own contents): the
   // replaced storage stays alive until they have been copied.
   const std::pair<Tensor, Tensor> previous = grow(length_ + tokens);
-  copy_in(keys, keys_, length_);
-  copy_in(values, values_, length_);
+  if (dtype_ == DType::int8) {
+    // Quantized straight into the new positions; a NaN or infinity is refused before
+    // the length moves, so the cache still holds what it held.
+    quantize_kv(keys, slots(keys_, length_, tokens, head_dim_), scale_slots(key_scale_, length_, tokens));
+    quantize_kv(values, slots(values_, length_, tokens, value_dim_), scale_slots(value_scale_, length_, tokens));
+  } else {
+    copy_in(keys, keys_, length_);
+    copy_in(values, values_, length_);
+  }
   length_ += tokens;
 }
 
@@ -124,6 +176,16 @@ TensorView KVCache::values() const {
                     dtype_,
                     {batch_, kv_heads_, length_, value_dim_},
                     {kv_heads_ * capacity_ * value_dim_, capacity_ * value_dim_, value_dim_, 1}};
+}
+
+std::optional<TensorView> KVCache::key_scale() const {
+  if (dtype_ != DType::int8) return std::nullopt;
+  return scale_slots(key_scale_, 0, length_);
+}
+
+std::optional<TensorView> KVCache::value_scale() const {
+  if (dtype_ != DType::int8) return std::nullopt;
+  return scale_slots(value_scale_, 0, length_);
 }
 
 }  // namespace sdpa::nn

@@ -164,8 +164,12 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
   }
 }
 
-KVCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity) const {
-  return KVCache(config_.dtype, batch, config_.num_kv_heads, config_.head_dim, config_.head_dim, capacity);
+KVCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity, std::optional<DType> dtype) const {
+  if (dtype && *dtype != config_.dtype && *dtype != DType::int8)
+    fail("dtype", std::string("expected the layer's dtype ") + dtype_name(config_.dtype) + " or int8, got " +
+                      dtype_name(*dtype), ErrorKind::type);
+  return KVCache(dtype.value_or(config_.dtype), batch, config_.num_kv_heads, config_.head_dim, config_.head_dim,
+                 capacity);
 }
 
 AttentionResult MultiHeadAttention::forward(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -210,9 +214,9 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   KVCache* cache = call.cache;
   if (cache != nullptr) {
     const TensorView cached = cache->keys();
-    if (cached.dtype != c.dtype || cached.shape[0] != batch || cached.shape[1] != Hkv || cached.shape[3] != D ||
+    if ((cached.dtype != c.dtype && cached.dtype != DType::int8) || cached.shape[0] != batch || cached.shape[1] != Hkv || cached.shape[3] != D ||
         cache->values().shape[3] != D) {
-      fail("call.cache", "expected a cache of " + std::string(dtype_name(c.dtype)) + " (" + std::to_string(batch) +
+      fail("call.cache", "expected a cache of " + std::string(dtype_name(c.dtype)) + " or int8 (" + std::to_string(batch) +
                              ", " + std::to_string(Hkv) + ", T, " + std::to_string(D) + ") (make_cache), got " +
                              dtype_name(cached.dtype) + " " + shape_text(cached.shape));
     }
@@ -265,6 +269,8 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
     cache->append(kv, vv);
     keys = cache->keys();
     values = cache->values();
+    options.key_scale = cache->key_scale();  // int8 caches: the scales beside q
+    options.value_scale = cache->value_scale();
   }
   try {
     sdpa::forward(qv, keys, values, outputs, options);

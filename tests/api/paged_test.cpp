@@ -251,6 +251,66 @@ void expect_paged_rejected(const PagedCall& c, const std::string& names, bool wi
   expect_rejected_naming([&] { forward_paged(c.q.view(), c.cache, outputs, c.options); }, names, {&c.out, &c.lse});
 }
 
+// int8 pages with their scale pages (Options::key_scale, value_scale: the pages' shape
+// without the last dim), both page layouts, the reference and CPU backends: equal to
+// forward() on each sequence's contiguous int8 K/V (quantize_kv quantizes row by row, so
+// the pages and the contiguous copy hold the same q and scales). Poison rows past each
+// sequence's end quantize too, and must not be read.
+TEST(Paged, Int8PagesWithScalesEqualForwardOnTheContiguousInt8Cache) {
+  const std::vector<std::int64_t> seq_lens = {0, 1, 30, 4100};
+  const std::int64_t Hq = 8, Hkv = 2, E = 32, Ev = 16, page = 16;
+  int n = 0;
+  for (bool token_major : {false, true})
+    for (Backend backend : {Backend::reference, Backend::cpu})
+      for (std::int64_t L : {1, 4}) {
+        SCOPED_TRACE(::testing::Message() << "token-major " << token_major << " backend "
+                                          << static_cast<int>(backend) << " L " << L);
+        Paged p = make_paged(DType::float32, seq_lens, page, token_major, Hq, Hkv, L, E, Ev, 300.0, 90 + ++n);
+        const std::int64_t pages = p.cache.key_pages.shape[0];
+        const QuantizedKV k8 = quantize_kv(p.key_storage.view()), v8 = quantize_kv(p.value_storage.view());
+        auto scale_pages = [&](const Tensor& scale) {  // (pages, Hkv, page), stored HND or NHD
+          TensorView view = scale.view();
+          view.shape = {pages, Hkv, page};
+          view.strides = token_major ? Shape{page * Hkv, 1, Hkv} : Shape{Hkv * page, page, 1};
+          return view;
+        };
+        PagedKV cache = p.cache;
+        cache.key_pages.data = const_cast<void*>(k8.values.data());
+        cache.key_pages.dtype = DType::int8;
+        cache.value_pages.data = const_cast<void*>(v8.values.data());
+        cache.value_pages.dtype = DType::int8;
+        Options o;
+        o.backend = backend;
+        o.causal = Causal::bottom_right;
+        o.key_scale = scale_pages(k8.scale);
+        o.value_scale = scale_pages(v8.scale);
+        const ForwardResult paged = forward_paged(p.query(), cache, o, Returns{false, true});
+        for (std::size_t b = 0; b < seq_lens.size(); ++b) {
+          const QuantizedKV kb = quantize_kv(p.keys[b].view()), vb = quantize_kv(p.values[b].view());
+          Options ob = o;
+          ob.key_scale = kb.scale.view();
+          ob.value_scale = vb.scale.view();
+          const ForwardResult alone = forward(batch_element(p.q, static_cast<std::int64_t>(b)), kb.values.view(),
+                                              vb.values.view(), ob, Returns{false, true});
+          const Tensor want = to_float64(alone.output.view());
+          const Tensor got = to_float64(batch_element(paged.output, static_cast<std::int64_t>(b)));
+          EXPECT_LE(max_abs_diff(got, want), same_result_tolerance(DType::float32, max_abs(want))) << "sequence " << b;
+          const Tensor want_lse = to_float64(alone.lse.view());
+          const Tensor got_lse = to_float64(batch_element(paged.lse, static_cast<std::int64_t>(b)));
+          EXPECT_LE(max_abs_diff(got_lse, want_lse), same_result_tolerance(DType::float32, max_abs(want_lse)));
+        }
+        // The scale pages are checked like any argument: missing, or of the wrong shape.
+        Options missing = o;
+        missing.value_scale.reset();
+        expect_rejected_naming([&] { forward_paged(p.query(), cache, missing); }, "options.value_scale", {});
+        Options wrong = o;
+        wrong.key_scale = k8.scale.view();
+        wrong.key_scale->shape = {pages, Hkv * page};
+        wrong.key_scale->strides = {};
+        expect_rejected_naming([&] { forward_paged(p.query(), cache, wrong); }, "options.key_scale", {});
+      }
+}
+
 TEST(PagedValidation, ValidCallIsAccepted) {
   PagedCall c = valid_paged_call();
   forward_paged(c.q.view(), c.cache, caller_buffers(c.out, c.lse, c.weights, false), c.options);

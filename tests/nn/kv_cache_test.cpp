@@ -4,6 +4,7 @@
 // aligned bottom-right, GQA heads shared.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -230,3 +231,75 @@ TEST(KVCacheTest, NegativePositionCountIsRejected) {
 }
 
 }  // namespace
+
+// An int8 cache quantizes each appended row (growth included) exactly as quantize_kv
+// does on the whole sequence, hands out its scales beside keys() and values(), and a
+// layer decoding into it reads them: the layer's output equals sdpa::forward on the
+// cache's own int8 K/V and scales (the attention it would run), token by token.
+TEST(KVCacheTest, Int8CacheQuantizesOnAppendAndTheLayerReadsItsScales) {
+  KVCache cache(DType::int8, 2, 3, 4, 5, 1);
+  KVCache plain(DType::float32, 2, 3, 4, 5, 1);
+  for (int step = 0; step < 5; ++step) {
+    const Tensor k = random_tensor(DType::float32, {2, 3, step + 1, 4}, 40 + step);
+    const Tensor v = random_tensor(DType::float32, {2, 3, step + 1, 5}, 50 + step);
+    cache.append(k.view(), v.view());
+    plain.append(k.view(), v.view());
+  }
+  ASSERT_EQ(cache.length(), 15);
+  ASSERT_TRUE(cache.key_scale() && cache.value_scale());
+  EXPECT_FALSE(plain.key_scale());
+  const sdpa::QuantizedKV want_k = sdpa::quantize_kv(plain.keys()), want_v = sdpa::quantize_kv(plain.values());
+  EXPECT_TRUE(sdpa::testing::bitwise_equal(sdpa::testing::to_float64(cache.keys()),
+                                           sdpa::testing::to_float64(want_k.values.view())));
+  EXPECT_TRUE(sdpa::testing::bitwise_equal(sdpa::testing::to_float64(*cache.key_scale()),
+                                           sdpa::testing::to_float64(want_k.scale.view())));
+  EXPECT_TRUE(sdpa::testing::bitwise_equal(sdpa::testing::to_float64(cache.values()),
+                                           sdpa::testing::to_float64(want_v.values.view())));
+  EXPECT_TRUE(sdpa::testing::bitwise_equal(sdpa::testing::to_float64(*cache.value_scale()),
+                                           sdpa::testing::to_float64(want_v.scale.view())));
+  // A NaN is refused and leaves the cache as it was; so are int8 inputs.
+  Tensor nan_k = random_tensor(DType::float32, {2, 3, 1, 4}, 60);
+  nan_k.set(3, std::nan(""));
+  const Tensor ok_v = random_tensor(DType::float32, {2, 3, 1, 5}, 61);
+  EXPECT_THROW(cache.append(nan_k.view(), ok_v.view()), sdpa::Error);
+  const Tensor k8(DType::int8, {2, 3, 1, 4}), v8(DType::int8, {2, 3, 1, 5});
+  EXPECT_THROW(cache.append(k8.view(), v8.view()), sdpa::Error);
+  EXPECT_EQ(cache.length(), 15);
+
+  MultiHeadAttentionConfig c;
+  c.embed_dim = 16;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  MultiHeadAttention layer(c);
+  KVCache layer_cache = layer.make_cache(1, 0, DType::int8);
+  EXPECT_THROW(layer.make_cache(1, 0, DType::float16), sdpa::Error);
+  for (int step = 0; step < 6; ++step) {
+    const Tensor x = random_tensor(DType::float32, {1, 1, 16}, 70 + step);
+    AttentionCall call;
+    call.cache = &layer_cache;
+    call.causal = Causal::top_left;
+    const sdpa::nn::AttentionResult got = layer.forward(x.view(), call);
+    ASSERT_EQ(layer_cache.length(), step + 1);
+    EXPECT_EQ(layer_cache.keys().dtype, DType::int8);
+    // The same attention by hand from the cache's int8 contents: Q is the layer's query
+    // projection (its parameter, zero bias), the output projection applied after.
+    const Tensor& wq = layer.parameter("q_proj.weight");
+    const Tensor& wo = layer.parameter("out_proj.weight");
+    Tensor q(DType::float32, {1, 4, 1, 4});
+    for (std::int64_t o = 0; o < 16; ++o) {
+      double sum = 0;
+      for (std::int64_t i = 0; i < 16; ++i) sum += wq.get(o * 16 + i) * x.get(i);
+      q.set(o, sum);  // (1, L = 1, Hq·D) is (1, Hq, 1, D) for one token
+    }
+    sdpa::Options o;
+    o.key_scale = layer_cache.key_scale();
+    o.value_scale = layer_cache.value_scale();
+    o.backend = sdpa::Backend::reference;
+    const sdpa::ForwardResult attended = sdpa::forward(q.view(), layer_cache.keys(), layer_cache.values(), o);
+    for (std::int64_t out = 0; out < 16; ++out) {
+      double y = 0;
+      for (std::int64_t i = 0; i < 16; ++i) y += wo.get(out * 16 + i) * attended.output.get(i);
+      EXPECT_NEAR(got.output.get(out), y, 1e-4 * (1 + std::abs(y))) << "step " << step << " out " << out;
+    }
+  }
+}
