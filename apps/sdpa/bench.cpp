@@ -27,6 +27,9 @@ struct Point {
   std::int64_t heads_q, heads_kv, L, S, E;
   bool causal;
   std::int64_t batch = 1;
+  // Quantized K/V (issue #15 item 5): int8 with a float32 scale per (token, head), the
+  // query in `dtype`.
+  bool int8_kv = false;
   // A few new tokens against a long cache: memory-bound, measured in GB/s. With L > 1 the
   // new tokens are causal, bottom-right aligned (each sees the cache and the tokens before it).
   bool decode() const { return L <= 16 && S >= 4096; }
@@ -35,7 +38,8 @@ struct Point {
     return causal ? Causal::top_left : Causal::none;
   }
   std::string name() const {
-    return std::string(dtype_name(dtype)) + (batch != 1 ? " B=" + std::to_string(batch) : "") +
+    return std::string(dtype_name(dtype)) + (int8_kv ? " int8-KV" : "") +
+           (batch != 1 ? " B=" + std::to_string(batch) : "") +
            " Hq=" + std::to_string(heads_q) + " Hkv=" + std::to_string(heads_kv) + " L=" + std::to_string(L) +
            " S=" + std::to_string(S) + " E=" + std::to_string(E) + (alignment() != Causal::none ? " causal" : "");
   }
@@ -46,7 +50,11 @@ struct Point {
                                                              : (causal && L == S ? 0.5 : 1.0) * L * S;
     return 4.0 * batch * heads_q * pairs * E;
   }
-  double kv_bytes() const { return 2.0 * batch * heads_kv * S * E * static_cast<double>(dtype_size(dtype)); }
+  // K and V read once; int8 K/V also read a float32 scale per row.
+  double kv_bytes() const {
+    const double row = int8_kv ? static_cast<double>(E) + 4.0 : static_cast<double>(E * dtype_size(dtype));
+    return 2.0 * batch * heads_kv * S * row;
+  }
 };
 
 std::vector<Point> grid(bool quick) {
@@ -60,6 +68,8 @@ std::vector<Point> grid(bool quick) {
           for (bool causal : {false, true}) points.push_back({dtype, 16, heads_kv, L, L, E, causal});
   for (DType dtype : {DType::float32, DType::bfloat16})
     for (std::int64_t S : {4096, 65536}) points.push_back({dtype, 32, 8, 1, S, 128, false});
+  // int8 K/V beside the bfloat16 decode points above: the same shapes, half the bytes.
+  for (std::int64_t S : {4096, 65536}) points.push_back({DType::bfloat16, 32, 8, 1, S, 128, false, 1, true});
   return points;
 }
 
@@ -96,12 +106,21 @@ Tensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937_
 double time_point(const Point& p, int repeats, int threads) {
   std::mt19937_64 rng(1);
   const Tensor q = random_tensor(p.dtype, {p.batch, p.heads_q, p.L, p.E}, rng);
-  const Tensor k = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
-  const Tensor v = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
+  Tensor k = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
+  Tensor v = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
   Tensor out(p.dtype, {p.batch, p.heads_q, p.L, p.E});
   Options options;
   options.causal = p.alignment();
   options.num_threads = threads;
+  QuantizedKV k8, v8;
+  if (p.int8_kv) {
+    k8 = quantize_kv(k.view());
+    v8 = quantize_kv(v.view());
+    k = std::move(k8.values);
+    v = std::move(v8.values);
+    options.key_scale = k8.scale.view();
+    options.value_scale = v8.scale.view();
+  }
   const ForwardOutputs outputs{out.view(), std::nullopt, std::nullopt};
   auto block = [&](int calls) {
     const auto start = std::chrono::steady_clock::now();
@@ -384,7 +403,7 @@ int bench_command(const BenchArgs& args) {
     const double seconds = time_point(p, args.repeats, threads);
     nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"batch", p.batch}, {"heads_q", p.heads_q},
                           {"heads_kv", p.heads_kv}, {"L", p.L}, {"S", p.S}, {"E", p.E},
-                          {"causal", p.alignment() != Causal::none}, {"seconds", seconds}};
+                          {"causal", p.alignment() != Causal::none}, {"int8_kv", p.int8_kv}, {"seconds", seconds}};
     char line[200];
     if (p.decode()) {
       const double gbs = p.kv_bytes() / seconds / 1e9;

@@ -57,7 +57,7 @@ Alignment parse_alignment(const std::string& name) {
 
 // The tensors among the options, read from their .npy files; they outlive the call.
 struct OptionTensors {
-  std::optional<Tensor> mask, alibi_slopes, sinks;
+  std::optional<Tensor> mask, alibi_slopes, sinks, key_scale, value_scale;
 };
 
 Options make_options(const RunArgs& args, const OptionTensors& tensors) {
@@ -65,6 +65,8 @@ Options make_options(const RunArgs& args, const OptionTensors& tensors) {
   if (tensors.mask) options.mask = tensors.mask->view();
   if (tensors.alibi_slopes) options.alibi_slopes = tensors.alibi_slopes->view();
   if (tensors.sinks) options.sinks = tensors.sinks->view();
+  if (tensors.key_scale) options.key_scale = tensors.key_scale->view();
+  if (tensors.value_scale) options.value_scale = tensors.value_scale->view();
   options.causal = parse_causal(args.causal);
   options.window_left = args.window_left;
   options.window_right = args.window_right;
@@ -153,6 +155,8 @@ std::string cli_message(const Error& error, const RunArgs& args) {
                                           : name == "mask"         ? args.mask
                                           : name == "alibi_slopes" ? args.alibi_slopes
                                           : name == "sinks"        ? args.sinks
+                                          : name == "key_scale"    ? args.key_scale
+                                          : name == "value_scale"  ? args.value_scale
                                                                    : std::nullopt;
   if (file) return flag_of(name) + " " + *file + ": " + detail;
   for (const char* list : {"cu_seqlens_q", "cu_seqlens_k", "block_table", "seq_lens"})
@@ -235,6 +239,8 @@ int run_command(const RunArgs& args) {
       OptionTensors tensors;
       if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
       if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);
+      if (args.key_scale) tensors.key_scale = io::read_npy(*args.key_scale);  // int8 K/V: refused by the ring
+      if (args.value_scale) tensors.value_scale = io::read_npy(*args.value_scale);
       mpi.emplace();
       ring_run(args, make_options(args, tensors));
       return kExitOk;
@@ -271,6 +277,8 @@ int run_command(const RunArgs& args) {
     }
     if (args.alibi_slopes) tensors.alibi_slopes = io::read_npy(*args.alibi_slopes);
     if (args.sinks) tensors.sinks = io::read_npy(*args.sinks);
+    if (args.key_scale) tensors.key_scale = io::read_npy(*args.key_scale);
+    if (args.value_scale) tensors.value_scale = io::read_npy(*args.value_scale);
     const Options options = make_options(args, tensors);
     // Everything is computed before the first file is written: an error leaves nothing.
     const Returns returns{args.weights.has_value(), args.lse.has_value()};

@@ -39,6 +39,9 @@ struct RunArgs {
   double softcap = 0.0;                     // 0 = off
   std::optional<std::string> alibi_slopes;  // .npy, (Hq,) or (batch..., Hq)
   std::optional<std::string> sinks;         // .npy, (Hq,) or (batch..., Hq)
+  // int8 key / value .npy files take their float32 scales (Options::key_scale,
+  // value_scale): the key's (value's) shape without the last dim.
+  std::optional<std::string> key_scale, value_scale;
   // Packed variable-length batches (forward_varlen): the integer lists as typed,
   // "0,3,10"; parsed by run_command so that a malformed list is reported like any
   // other bad input (exit 2, the flag named, nothing written).

@@ -68,7 +68,8 @@ using sdpa::cli::RunArgs;
 // because CLI11 2.1 (Debian 12) has no std::optional support.
 struct RunFlags {
   RunArgs args;
-  std::string mask, weights, lse, alignment, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens;
+  std::string mask, weights, lse, alignment, alibi_slopes, sinks, key_scale, value_scale, cu_seqlens_q, cu_seqlens_k,
+      block_table, seq_lens;
   double scale = 0.0;
   CLI::Option* mask_option = nullptr;
   CLI::Option* scale_option = nullptr;
@@ -77,6 +78,8 @@ struct RunFlags {
   CLI::Option* alignment_option = nullptr;
   CLI::Option* alibi_slopes_option = nullptr;
   CLI::Option* sinks_option = nullptr;
+  CLI::Option* key_scale_option = nullptr;
+  CLI::Option* value_scale_option = nullptr;
   CLI::Option* cu_seqlens_q_option = nullptr;
   CLI::Option* cu_seqlens_k_option = nullptr;
   CLI::Option* block_table_option = nullptr;
@@ -91,6 +94,8 @@ struct RunFlags {
     if (*alignment_option) resolved.alignment = alignment;
     if (*alibi_slopes_option) resolved.alibi_slopes = alibi_slopes;
     if (*sinks_option) resolved.sinks = sinks;
+    if (*key_scale_option) resolved.key_scale = key_scale;
+    if (*value_scale_option) resolved.value_scale = value_scale;
     // The integer lists stay text here: run_command parses them, so a malformed one is
     // reported like any other bad input.
     if (*cu_seqlens_q_option) resolved.cu_seqlens_q = cu_seqlens_q;
@@ -111,7 +116,7 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
                   "Query (..., Hq, L, E), float16/32/64 .npy; packed (Hq, total_q, E) with --cu-seqlens-q")
       ->required();
   run->add_option("--key,-k", a.key,
-                  "Key (..., Hkv, S, E); Hq must be a multiple of Hkv (GQA). Packed (Hkv, total_k, E) with "
+                  "Key (..., Hkv, S, E), float or int8 (with --key-scale); Hq a multiple of Hkv (GQA). Packed (Hkv, total_k, E) with "
                   "--cu-seqlens-k; pages (pages, Hkv, page_size, E) with --block-table")
       ->required();
   run->add_option("--value,-v", a.value,
@@ -151,6 +156,12 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       "--sinks", flags.sinks,
       "Attention sinks .npy, float32/64, (Hq,) or (batch..., Hq): one logit per query head in every row's "
       "softmax denominator, with no value (gpt-oss)");
+  flags.key_scale_option = run->add_option(
+      "--key-scale", flags.key_scale,
+      "Scales .npy of an int8 --key (sdpa.quantize_kv), float32, the key's shape without its last dim: "
+      "key = scale * q per (token, head)");
+  flags.value_scale_option = run->add_option("--value-scale", flags.value_scale,
+                                             "Scales .npy of an int8 --value, as --key-scale");
   run->add_option("--dropout-p", a.dropout_p, "Dropout probability on the weights, in [0, 1)")
       ->transform(kFinite)
       ->capture_default_str();

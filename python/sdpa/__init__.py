@@ -6,6 +6,8 @@
     out = sdpa.attention(q, k, v, window_size=(128, 0), alibi_slopes=slopes, softcap=30.0)
     out = sdpa.varlen_attention(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k)
     out = sdpa.paged_attention(q, k_pages, v_pages, block_table, seq_lens, causal="bottom_right")
+    k8, k_scale = sdpa.quantize_kv(k); v8, v_scale = sdpa.quantize_kv(v)  # int8 K/V, a scale per token
+    out = sdpa.attention(q, k8, v8, key_scale=k_scale, value_scale=v_scale)
     with sdpa.patch_torch():  # torch.nn.functional.scaled_dot_product_attention's CPU calls on sdpa
         y = torch_module(x)
 
@@ -15,7 +17,7 @@ where sdpa differs are in docs/semantics.md ("Python").
 """
 
 from . import _core
-from ._api import attention, paged_attention, scaled_dot_product_attention, varlen_attention
+from ._api import attention, paged_attention, quantize_kv, scaled_dot_product_attention, varlen_attention
 from ._patch import patch_torch
 from .nn import KVCache, MultiheadAttention
 
@@ -27,5 +29,6 @@ def runtime_info() -> dict:
     return _core.runtime_info()
 
 
-__all__ = ["attention", "scaled_dot_product_attention", "varlen_attention", "paged_attention", "MultiheadAttention",
+__all__ = ["attention", "scaled_dot_product_attention", "varlen_attention", "paged_attention", "quantize_kv",
+           "MultiheadAttention",
            "KVCache", "patch_torch", "runtime_info", "__version__"]

@@ -69,6 +69,55 @@ def _integers(fw, name, x):
     return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
 
 
+def _scales(fw, key_scale, value_scale):
+    """The scales of int8 key / value (float32, the tensor's shape without its last dim;
+    checked by the library), read in place; None when absent."""
+    return tuple(None if s is None else fw.prepare(name, s)
+                 for name, s in (("key_scale", key_scale), ("value_scale", value_scale)))
+
+
+def _inference_only(fw, what, *tensors):
+    """Quantized K/V have no backward: a call that would need one is refused up front."""
+    if isinstance(fw, _Torch):
+        torch = fw.torch
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            raise NotImplementedError(f"{what}: int8 key / value are for inference (no backward); call it under "
+                                      "torch.no_grad() or torch.inference_mode()")
+
+
+def quantize_kv(x):
+    """Symmetric int8 quantization of keys or values, one scale per row (per token and KV
+    head), as llama.cpp's q8_0 and OpenVINO's u8 caches store them:
+
+        scale[..., j] = max_e |x[..., j, e]| / 127,   q[..., j, e] = round(x[..., j, e] / scale)
+
+    q in [-127, 127], round to nearest (ties to even); a zero row gets scale 0. Each element
+    then satisfies |x - scale · q| <= scale / 2 (docs/numerics.md derives what that bounds in
+    the attention's output).
+
+    Args:
+        x: (..., dim) float16, bfloat16, float32 or float64, finite, any strides: a key
+            (batch..., Hkv, S, E) or value tensor, or pages (pages, Hkv, page_size, E).
+
+    Returns:
+        ``(values, scale)`` in x's framework: int8 of x's shape, float32 of x's shape without
+        its last dim — the key / value and its ``key_scale`` / ``value_scale``.
+
+    Raises:
+        TypeError: a dtype other than floating point.
+        ValueError: a NaN or infinity in x, a scalar x.
+    """
+    fw = _framework(x)
+    a = fw.prepare("x", x)
+    if a.ndim < 1:
+        raise ValueError("x: expected rank >= 1 (..., dim), got a scalar")
+    int8, float32 = (fw.torch.int8, fw.torch.float32) if isinstance(fw, _Torch) else (np.int8, np.float32)
+    values = fw.empty(tuple(a.shape), int8)
+    scale = fw.empty(tuple(a.shape[:-1]), float32)
+    _core.quantize_kv(fw.export(a.detach() if isinstance(fw, _Torch) else a), values, scale)
+    return values, scale
+
+
 def _batch_dims(ndim: int) -> int:
     # Rank >= 4 is (batch..., heads, seq, dim); rank 3 is (batch, seq, dim).
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
@@ -88,8 +137,10 @@ def _autograd_module():
 _AUTOGRAD = None
 
 
-def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name):
-    if isinstance(fw, _Torch):
+def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
+    if any(s is not None for s in scales):
+        _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks)
+    elif isinstance(fw, _Torch):
         _autograd = _autograd_module()
         if _autograd.wanted(q, k, v, mask, sinks):
             # Training (or torch.compile): the custom op with its registered backward.
@@ -109,13 +160,14 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
     # here: the tensors go as DLPack views of the caller's memory (fw.export).
     export = fw.export
     _core.forward(export(q), export(k), export(v), export(mask), slopes, export(sinks), export(out),
-                  export(weights_buffer), export(lse_buffer), to_core(options), mask_name)
+                  export(weights_buffer), export(lse_buffer), to_core(options), mask_name,
+                  export(scales[0]), export(scales[1]))
     return out, weights_buffer, lse_buffer
 
 
 def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_p=0.0, seed=None,
               return_weights=False, return_lse=False, out=None, window_size=(-1, -1), alignment=None,
-              alibi_slopes=None, softcap=0.0, sinks=None):
+              alibi_slopes=None, softcap=0.0, sinks=None, key_scale=None, value_scale=None):
     """Scaled dot-product attention, softmax(query @ keyᵀ · scale + mask) @ value.
 
     The library's own interface (docs/semantics.md): the seeds' ``(output, weights)`` form
@@ -148,6 +200,11 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
             returned.
         window_size, alignment, alibi_slopes, softcap: FlashAttention's extensions, below.
         sinks: attention sinks (gpt-oss), below.
+        key_scale, value_scale: quantized K/V (sdpa.quantize_kv): with an int8 key
+            (value), its float32 scale per (token, KV head), the key's shape without its
+            last dim; key[..., j, e] = key_scale[..., j] · q[..., j, e]. Read directly by
+            the kernels (the scale multiplies the score and the weight), never dequantized
+            into a copy. Inference only (no autograd).
 
     Beyond PyTorch (FlashAttention's window_size, alibi_slopes and softcap). The score of
     query i and key j in query head h is
@@ -202,8 +259,9 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
+    scales = _scales(fw, key_scale, value_scale)
     output, weights, lse = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=return_weights, lse=return_lse,
-                                out=out, mask_name="mask")
+                                out=out, mask_name="mask", scales=scales)
     if not (return_weights or return_lse):
         return output
     return (output,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
@@ -211,7 +269,7 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, seed=None, window_size=(-1, -1), alignment=None,
-                                 alibi_slopes=None, softcap=0.0, sinks=None):
+                                 alibi_slopes=None, softcap=0.0, sinks=None, key_scale=None, value_scale=None):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
     Same signature and semantics: ``softmax(query @ keyᵀ · scale + attn_mask) @ value``
@@ -242,7 +300,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         (batch..., Hq)) and ``alignment`` (where
         the window's and ALiBi's diagonal lies: None follows is_causal, top-left, and
         without is_causal is "bottom_right", FlashAttention's). See sdpa.attention for the
-        formula. Gradients flow through all of them.
+        formula. Gradients flow through all of them;
+      * int8 key / value with ``key_scale`` / ``value_scale`` (sdpa.quantize_kv; see
+        sdpa.attention), for inference: no autograd, and no batch broadcasting of them.
 
     Raises:
         TypeError: a wrong dtype, or inputs of mixed frameworks.
@@ -286,8 +346,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             if batch is not None:
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
 
+    scales = _scales(fw, key_scale, value_scale)
+    if squeeze:
+        scales = tuple(None if s is None else fw.unsqueeze(s) for s in scales)
     output, _, _ = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=False, lse=False, out=None,
-                        mask_name="attn_mask")
+                        mask_name="attn_mask", scales=scales)
     return output[0] if squeeze else output
 
 
@@ -378,7 +441,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
 
 def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, layout="HND", causal=None, scale=None,
                     window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0, sinks=None,
-                    return_lse=False):
+                    return_lse=False, key_scale=None, value_scale=None):
     """Attention of each sequence's queries against its keys and values in a paged KV cache
     (vLLM's PagedAttention, FlashInfer's page table). Forward only (inference).
 
@@ -406,6 +469,9 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
             sdpa.attention.
         return_lse: also return the log-sum-exp (batch, Hq, L), float32 (float64 for float64
             inputs), for merging with attention over other keys.
+        key_scale, value_scale: int8 pages' scales (sdpa.quantize_kv of the pages), float32,
+            the pages' shape without the last dim: (pages, Hkv, page_size), or (pages,
+            page_size, Hkv) with "NHD".
 
     Returns:
         output (batch, Hq, L, Ev) in the query's dtype, or ``(output, lse)``.
@@ -435,6 +501,23 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     lengths = _integers(fw, "seq_lens", seq_lens)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     nhd = layout == "NHD"
+    key_scale, value_scale = _scales(fw, key_scale, value_scale)
+    if key_scale is not None or value_scale is not None:
+        _inference_only(fw, "key_scale / value_scale", q, sink_logits)
+        if nhd:  # (pages, page_size, Hkv) read as (pages, Hkv, page_size)
+            key_scale, value_scale = (s if s is None or s.ndim != 3 else fw.swap(s, 1, 2)
+                                      for s in (key_scale, value_scale))
+        if isinstance(fw, _Torch):
+            q, kp, vp = q.detach(), kp.detach(), vp.detach()
+            sink_logits = None if sink_logits is None else sink_logits.detach()
+        if nhd:
+            kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
+        rows = tuple(q.shape[:-1])
+        output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
+        lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
+        _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options), key_scale,
+                            value_scale)
+        return (output, lse) if return_lse else output
     if isinstance(fw, _Torch):
         from . import _autograd
 

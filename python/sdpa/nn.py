@@ -91,6 +91,17 @@ class KVCache:
     def values(self):
         return self._core.values()
 
+    @property
+    def dtype(self) -> str:
+        """The storage dtype: the layer's, or "int8" for a quantized cache."""
+        return self._core.dtype
+
+    def scales(self):
+        """An int8 cache's (key_scale, value_scale), copies (batch, kv_heads, length) float32
+        as NumPy, so that keys() · key_scale[..., None] are the keys it stands for; None for
+        a floating-point cache."""
+        return self._core.scales()
+
 
 class MultiheadAttention:
     """Multi-head attention with torch.nn.MultiheadAttention's interface.
@@ -218,9 +229,18 @@ class MultiheadAttention:
     def eval(self):
         return self.train(False)
 
-    def make_cache(self, batch: int, capacity: int = 0) -> KVCache:
-        """A KV cache for `batch` sequences, for decoding a token (or a chunk) per call."""
-        return KVCache(self._core.make_cache(_integer("batch", batch), _integer("capacity", capacity)))
+    def make_cache(self, batch: int, capacity: int = 0, dtype=None) -> KVCache:
+        """A KV cache for `batch` sequences, for decoding a token (or a chunk) per call.
+
+        dtype: None (the layer's) or int8 ("int8", torch.int8 or np.int8): a quantized cache
+        that stores each appended key and value row as int8 with a float32 scale per token
+        and head (sdpa.quantize_kv), a quarter of float32's bytes; the attention reads it
+        directly. Inference only, like any cache."""
+        name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", str(dtype))  # np.int8, torch.int8
+        if dtype is not None and name.rsplit(".", 1)[-1] != "int8":
+            raise TypeError(f"dtype: expected None (the layer's) or int8, got {dtype!r}")
+        return KVCache(self._core.make_cache(_integer("batch", batch), _integer("capacity", capacity),
+                                             dtype is not None))
 
     # ---- the call -------------------------------------------------------------------
 

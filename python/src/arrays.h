@@ -27,6 +27,7 @@ inline std::optional<sdpa::DType> sdpa_dtype(const nb::dlpack::dtype& dt) {
   if (code == dtype_code::Float && dt.bits == 64) return sdpa::DType::float64;
   if (code == dtype_code::Bfloat && dt.bits == 16) return sdpa::DType::bfloat16;
   if (code == dtype_code::Bool && dt.bits == 8) return sdpa::DType::boolean;
+  if (code == dtype_code::Int && dt.bits == 8) return sdpa::DType::int8;  // quantized K/V
   return std::nullopt;
 }
 

@@ -85,6 +85,12 @@ sdpa::Options with_per_head(const sdpa::Options& options, const std::optional<In
   return call;
 }
 
+// The scales of int8 K/V (Options::key_scale, value_scale), over the caller's memory.
+void add_scales(sdpa::Options& options, const std::optional<Input>& key_scale, const std::optional<Input>& value_scale) {
+  if (key_scale) options.key_scale = view_of(*key_scale, "key_scale");
+  if (value_scale) options.value_scale = view_of(*value_scale, "value_scale");
+}
+
 // An integer table the library takes as std::vector (cu_seqlens, block_table, seq_lens):
 // int32 or int64 of `ndim` dims, any strides, copied row-major (it is small next to the
 // tensors, and the library keeps no pointer to it). `columns` receives the last dim.
@@ -142,8 +148,10 @@ void remember(const void* query, const void* key, const void* value, const sdpa:
 void forward(const Input& query, const Input& key, const Input& value, const std::optional<Input>& mask,
              const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks, const Output& output,
              const std::optional<Output>& weights, const std::optional<Output>& lse, const sdpa::Options& call_options,
-             const std::string& mask_name) {
+             const std::string& mask_name, const std::optional<Input>& key_scale,
+             const std::optional<Input>& value_scale) {
   sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
+  add_scales(options, key_scale, value_scale);
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   if (mask) options.mask = view_of(*mask, mask_name, /*is_mask=*/true);
   sdpa::ForwardOutputs outputs{view_of(output, "out"), std::nullopt, std::nullopt};
@@ -236,8 +244,10 @@ void backward_varlen(const Input& query, const Input& key, const Input& value, c
 // (pages, Hkv, page_size, E) views; FlashInfer's NHD buffers are passed transposed.
 void forward_paged(const Input& query, const Input& key_pages, const Input& value_pages, const Input& block_table,
                    const Input& seq_lens, const std::optional<Input>& alibi_slopes, const std::optional<Input>& sinks,
-                   const Output& output, const std::optional<Output>& lse, const sdpa::Options& call_options) {
-  const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
+                   const Output& output, const std::optional<Output>& lse, const sdpa::Options& call_options,
+                   const std::optional<Input>& key_scale, const std::optional<Input>& value_scale) {
+  sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
+  add_scales(options, key_scale, value_scale);
   sdpa::PagedKV cache;
   cache.key_pages = view_of(key_pages, "key_pages");
   cache.value_pages = view_of(value_pages, "value_pages");
@@ -281,7 +291,9 @@ NB_MODULE(_core, m) {
   const auto maybe = [](const char* name) { return nb::arg(name).noconvert().none(); };
   m.def("forward", &forward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"), maybe("sinks"),
         in("output"), maybe("weights"), maybe("lse"), nb::arg("options"), nb::arg("mask_name") = "mask",
-        "Computes attention into the given output buffers (see sdpa.attention).");
+        maybe("key_scale") = nb::none(), maybe("value_scale") = nb::none(),
+        "Computes attention into the given output buffers (see sdpa.attention); int8 key / value with their "
+        "scales.");
   m.def("backward", &backward, in("query"), in("key"), in("value"), maybe("mask"), maybe("alibi_slopes"),
         maybe("sinks"), in("output"), in("lse"), in("grad_output"), maybe("grad_lse"), in("grad_query"), in("grad_key"),
         in("grad_value"), maybe("grad_mask"), maybe("grad_sinks"), nb::arg("options"), nb::arg("mask_name") = "mask",
@@ -296,9 +308,23 @@ NB_MODULE(_core, m) {
         "Gradients of one forward_varlen call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_paged", &forward_paged, in("query"), in("key_pages"), in("value_pages"), in("block_table"),
         in("seq_lens"), maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),
+        maybe("key_scale") = nb::none(), maybe("value_scale") = nb::none(),
         "Attention against a paged KV cache, pages (pages, Hkv, page_size, E), into the given buffers (see "
         "sdpa.paged_attention).");
 
+  m.def(
+      "quantize_kv",
+      [](const Input& x, const Output& values, const Output& scale) {
+        const sdpa::TensorView xv = view_of(x, "x"), vv = view_of(values, "values"), sv = view_of(scale, "scale");
+        try {
+          nb::gil_scoped_release release;
+          sdpa::quantize_kv(xv, vv, sv);
+        } catch (const sdpa::Error& error) {
+          raise(error, {});
+        }
+      },
+      in("x"), in("values"), in("scale"),
+      "Symmetric int8 quantization per row into the given buffers (see sdpa.quantize_kv).");
   m.def(
       "last_call",
       []() {

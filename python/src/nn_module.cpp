@@ -63,6 +63,9 @@ Array to_numpy(sdpa::Tensor&& tensor) {
     case sdpa::DType::boolean:
       dtype = nb::dtype<bool>();
       break;
+    case sdpa::DType::int8:
+      dtype = nb::dtype<std::int8_t>();
+      break;
     case sdpa::DType::float16:
       dtype = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
       break;
@@ -183,7 +186,15 @@ void register_nn(nb::module_& m) {
           "A copy of the cached keys (B, Hkv, length, D).")
       .def(
           "values", [](const sdpa::nn::KVCache& c) { return to_numpy(copy_of(c.values())); },
-          "A copy of the cached values (B, Hkv, length, D).");
+          "A copy of the cached values (B, Hkv, length, D).")
+      .def(
+          "scales",
+          [](const sdpa::nn::KVCache& c) -> nb::object {
+            if (!c.key_scale()) return nb::none();
+            return nb::make_tuple(to_numpy(copy_of(*c.key_scale())), to_numpy(copy_of(*c.value_scale())));
+          },
+          "An int8 cache's scales, copies (B, Hkv, length) float32 for keys and values; None otherwise.")
+      .def_prop_ro("dtype", [](const sdpa::nn::KVCache& c) { return std::string(sdpa::dtype_name(c.dtype())); });
 
   nb::class_<sdpa::nn::MultiHeadAttention>(m, "MultiHeadAttention",
                                            "sdpa::nn::MultiHeadAttention; use sdpa.MultiheadAttention instead.")
@@ -208,7 +219,12 @@ void register_nn(nb::module_& m) {
            nb::arg("mask").noconvert().none(), nb::arg("key_padding_mask").noconvert().none(), nb::arg("causal"),
            nb::arg("need_weights"), nb::arg("training"), nb::arg("dropout_seed"), nb::arg("position_offset"),
            nb::arg("cache").none(), nb::arg("num_threads"))
-      .def("make_cache", &sdpa::nn::MultiHeadAttention::make_cache, nb::arg("batch"), nb::arg("capacity") = 0)
+      .def(
+          "make_cache",
+          [](const sdpa::nn::MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, bool int8) {
+            return layer.make_cache(batch, capacity, int8 ? std::optional(sdpa::DType::int8) : std::nullopt);
+          },
+          nb::arg("batch"), nb::arg("capacity") = 0, nb::arg("int8") = false)
       .def("config",
            [](const sdpa::nn::MultiHeadAttention& layer) {
              const sdpa::nn::MultiHeadAttentionConfig& c = layer.config();

@@ -361,6 +361,36 @@ def check_sinks(rng):
                     ["--sinks", save("s_sinks64.npy", sinks.astype(np.float64))], lse=True)
 
 
+def quantize(x):
+    """Symmetric int8 per row, as sdpa.quantize_kv: scale = max|row| / 127 (float32),
+    q = round(x / scale), ties to even; a zero row gets scale 0."""
+    scale = (np.abs(x.astype(np.float64)).max(axis=-1) / 127).astype(np.float32)
+    safe = np.where(scale == 0, 1, scale).astype(np.float64)[..., None]
+    return np.clip(np.rint(x / safe), -127, 127).astype(np.int8), scale
+
+
+def check_int8_kv(rng):
+    # Quantized K/V: int8 .npy files with --key-scale / --value-scale, against the formula
+    # on what they stand for (scale · q, exact in float64); GQA decode and prefill, K alone.
+    B, Hq, Hkv, S, E = 2, 4, 2, 300, 16
+    for L, causal in ((1, "none"), (5, "bottom-right")):
+        q, k, v = randn(rng, B, Hq, L, E), randn(rng, B, Hkv, S, E), randn(rng, B, Hkv, S, E)
+        (k8, ks), (v8, vs) = quantize(k), quantize(v)
+        kd, vd = k8 * ks[..., None].astype(np.float64), v8 * vs[..., None].astype(np.float64)
+        run_and_compare(f"int8_kv_L{L}", q, k8, v8, attention(q, kd, vd, causal=causal), 1e-5,
+                        ["--key-scale", save(f"i8_ks{L}.npy", ks), "--value-scale", save(f"i8_vs{L}.npy", vs),
+                         "--causal", causal], lse=True)
+    run_and_compare("int8_key_only", q, k8, v, attention(q, kd, v, causal=causal), 1e-5,
+                    ["--key-scale", save("i8_ks.npy", ks), "--causal", causal])
+    out = path("i8_bad_o.npy")
+    expect_usage_error("int8_key_without_scale",
+                       ["--query", save("i8_q.npy", q), "--key", save("i8_k.npy", k8), "--value",
+                        save("i8_v.npy", v), "--out", out], "--key-scale", [out])
+    expect_usage_error("int8_scale_of_the_wrong_shape",
+                       ["--query", path("i8_q.npy"), "--key", path("i8_k.npy"), "--value", path("i8_v.npy"),
+                        "--key-scale", save("i8_ks_bad.npy", ks[..., :-1]), "--out", out], "--key-scale", [out])
+
+
 def check_softcap(rng):
     # Scores of a few hundred, so that the cap matters.
     B, H, L, S, E = 1, 3, 6, 10, 16
@@ -699,6 +729,7 @@ CHECKS = [
     check_check_command,
     check_bench_small,
     check_info_and_version,
+    check_int8_kv,
 ]
 
 
