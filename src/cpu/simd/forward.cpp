@@ -40,6 +40,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/simd/forward.cpp"
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
@@ -229,6 +230,15 @@ class Task {
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
+  // The int8 decode kernels are bound by the latency of their row loads more than by
+  // arithmetic: the next key tile's rows [j0, j0 + kKeyTile) are requested ahead, one
+  // request per 64-byte line.
+  void PrefetchRows(const Operand& op, std::int64_t j0, std::int64_t width) const {
+    const std::int64_t end = std::min(j0 + kKeyTile, p_.S);
+    for (std::int64_t j = j0; j < end; ++j)
+      for (std::int64_t e = 0; e < width; e += 64) hwy::Prefetch(op.address(kvm_, j, e));
+  }
+
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores).
   void PackQuery(Subtile& t) {
@@ -265,6 +275,7 @@ class Task {
     if (few_keys_ > 0) {  // read in place by Scores
       for (std::int64_t c = 0; c < cols; ++c)
         s_.k_rows[c] = reinterpret_cast<const std::int8_t*>(p_.key.address(kvm_, j0 + c, 0));
+      PrefetchRows(p_.key, j0 + kKeyTile, p_.E);
       return k;
     }
     if (bf16_)
@@ -356,6 +367,7 @@ class Task {
         LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
         for (std::int64_t c = 0; c < tile_cols; ++c)
           s_.v_rows[c] = reinterpret_cast<const std::int8_t*>(p_.value.address(kvm_, j0 + c, 0));
+        PrefetchRows(p_.value, j0 + kKeyTile, p_.Ev);
         values_loaded_ = true;
       }
       ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
