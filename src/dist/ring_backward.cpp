@@ -44,9 +44,12 @@ void add_into(Acc* into, const Acc* from, std::size_t count) {
 
 // The sinks' gradient Σ_i P_i (dlse_i − dO_i·O_i), P_i = exp(sink − lse_i) (api/sink_gradients.h):
 // the lse the forward returned contains the sink, so this rank's rows give their share
-// with nothing from the others; one MPI_Allreduce sums the shares of every rank.
-void store_sink_gradients_over_ranks(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in,
-                                     const TensorView& grad_sinks) {
+// with nothing from the others; one MPI_Allreduce sums the shares of every rank. Every
+// rank joins it when the call has sinks (they are in the agreed signature), whether or
+// not it asked for the gradient: whether it did is its own choice, not agreed, and a sum
+// entered by some ranks only would wait for ever.
+void sum_sink_gradients_over_ranks(MPI_Comm comm, const ShardCall& call, const BackwardInputs& in,
+                                   const std::optional<TensorView>& grad_sinks) {
   std::vector<double> per_matrix(call.sinks.size(), 0.0);
   if (call.L_shard > 0) {  // a rank with no rows adds nothing, but joins the sum
     const sdpa::detail::Shape& bs = call.batch_shape;
@@ -63,7 +66,7 @@ void store_sink_gradients_over_ranks(MPI_Comm comm, const ShardCall& call, const
     sdpa::detail::add_sink_gradients(rows, per_matrix.data());
   }
   MPI_Allreduce(MPI_IN_PLACE, per_matrix.data(), static_cast<int>(per_matrix.size()), MPI_DOUBLE, MPI_SUM, comm);
-  sdpa::detail::store_sink_gradients(per_matrix, grad_sinks);
+  if (grad_sinks) sdpa::detail::store_sink_gradients(per_matrix, *grad_sinks);
 }
 
 // Everything the backward allocates by the call's sizes, allocated before the ranks agree
@@ -257,7 +260,7 @@ void ring_backward(MPI_Comm comm, const ShardCall& call, const BackwardInputs& i
       for (std::int64_t e = 0; e < E; ++e) gk.store<Acc>(m, j, e, dk[(m * Sr + j) * E + e]);
       for (std::int64_t d = 0; d < Ev; ++d) gv.store<Acc>(m, j, d, dv[(m * Sr + j) * Ev + d]);
     }
-  if (outputs.grad_sinks) store_sink_gradients_over_ranks(comm, call, in, *outputs.grad_sinks);
+  if (!call.sinks.empty()) sum_sink_gradients_over_ranks(comm, call, in, outputs.grad_sinks);
 }
 
 }  // namespace

@@ -76,6 +76,8 @@ struct RingCase {
   enum class Sinks { none, per_head, per_batch_head } sinks = Sinks::none;
   DType sinks_dtype = DType::float64;
   bool no_sink_head = false;
+  // Only rank 0 asks for the sinks' gradient (each rank's outputs are its own choice).
+  bool grad_sinks_on_rank_0_only = false;
 };
 
 Shape dims(const Shape& batch, std::int64_t h, std::int64_t rows, std::int64_t cols) {
@@ -206,12 +208,13 @@ void expect_ring_matches(RingCase c) {
   Tensor dq(c.dtype, q_shard.shape()), dk(c.dtype, k_shard.shape()), dv(c.dtype, v_shard.shape());
   BackwardOutputs ring_grads{dq.view(), dk.view(), dv.view(), std::nullopt};
   Tensor dsinks;
-  if (c.sinks != RingCase::Sinks::none) {
+  const bool wants_dsinks = c.sinks != RingCase::Sinks::none && (r == 0 || !c.grad_sinks_on_rank_0_only);
+  if (wants_dsinks) {
     dsinks = Tensor(sinks.dtype(), sinks.shape());
     ring_grads.grad_sinks = dsinks.view();
   }
   backward(MPI_COMM_WORLD, ring_in, ring_grads, {c.L, c.S, c.partition, c.exchange}, ring);
-  if (c.sinks != RingCase::Sinks::none) {
+  if (wants_dsinks) {
     // Summed over every rank's rows: the whole tensor on every rank.
     const double scale = std::max(1.0, testing::max_abs(expected.grad_sinks));
     const double tol = c.dtype == DType::float64 ? 1e-12 * scale : 1e-4 * scale;
@@ -340,6 +343,16 @@ TEST(RingAllGather, KeyPaddingDropoutContiguousFloat32) {
   c.key_padding = true;
   c.options.dropout_p = 0.2;
   c.options.seed = 4;
+  expect_ring_matches(c);
+}
+
+// A rank's outputs are its own choice: rank 0 alone asks for the sinks' gradient, the
+// others still join its sum over the ranks (before the fix only the ranks that asked
+// entered the MPI_Allreduce, and rank 0 waited there for ever).
+TEST(RingErrors, GradSinksOnOneRankOnly) {
+  RingCase c = causal_case(Causal::top_left, Partition::zigzag, 45, 45);
+  c.sinks = RingCase::Sinks::per_head;
+  c.grad_sinks_on_rank_0_only = true;
   expect_ring_matches(c);
 }
 
