@@ -165,8 +165,8 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     O(shard)), "all_gather" (every K/V shard gathered once first, as Llama 3's context
     parallelism; wins when K/V are small next to Q, GQA/MQA) or "ordered" (K/V chunks
     broadcast in global key order, each row's softmax state carried from chunk to chunk:
-    float64 outputs and lse bitwise sdpa.attention's on the whole sequence; its backward is
-    the ring's). `key_padding_mask`: bool, this rank's keys, (Sr,) or (..., 1, 1, Sr), True =
+    for finite float64 inputs on the CPU backend, outputs and lse bitwise sdpa.attention's on
+    the whole sequence; its backward is the ring's). `key_padding_mask`: bool, this rank's keys, (Sr,) or (..., 1, 1, Sr), True =
     the key takes part. The other keywords are sdpa.attention's, seen on global positions:
     `alibi_slopes` and `sinks` ((Hq,) or (batch..., Hq), the same on every rank; a list becomes
     float64, as in sdpa.attention), the sinks differentiable (their gradient summed over every
@@ -198,7 +198,7 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
         mask = None if key_padding_mask is None else _prepared(fw, "key_padding_mask", key_padding_mask)
         slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
         for name, x in (("alibi_slopes", slopes), ("sinks", sink_logits)):
-            if x is not None and x.dtype not in _DTYPES:
+            if x is not None and x.dtype not in (torch.float32, torch.float64):
                 raise TypeError(f"{name}: expected float32 or float64, got {x.dtype}")
         options = _options.make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                                         window_size=window_size, alignment=alignment, softcap=softcap)
@@ -206,10 +206,15 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     except Exception as e:  # noqa: BLE001 -- every refusal, whatever its kind, reaches every rank
         error = e
     _agree(comm, error)
-    query_length = comm.allreduce(int(query.shape[-2])) if lengths[0] is None else lengths[0]
-    key_length = comm.allreduce(int(key.shape[-2])) if lengths[1] is None else lengths[1]
-    if options.dropout_p > 0 and seed is None:  # one seed for the whole problem
-        options = options._replace(seed=comm.bcast(options.seed, root=0))
+    # One collective that every rank enters whatever its keywords (one entered only by the
+    # ranks that left a length or the seed to be found would wait for ever): the shards'
+    # lengths and each rank's seed. Ranks that still disagree (a length given on one rank
+    # only, and wrong) are then refused on every rank by the library's agreement.
+    shared = comm.allgather((int(query.shape[-2]), int(key.shape[-2]), options.seed))
+    query_length = sum(lr for lr, _, _ in shared) if lengths[0] is None else lengths[0]
+    key_length = sum(sr for _, sr, _ in shared) if lengths[1] is None else lengths[1]
+    if options.dropout_p > 0 and seed is None:  # one seed for the whole problem: rank 0's
+        options = options._replace(seed=shared[0][2])
     out, lse = ring_forward(query, key, value, mask, slopes, sink_logits, _comm_handle(comm), query_length,
                             key_length, f"{partition}:{exchange}", *_options.flatten(options))
     return (out, lse) if return_lse else out

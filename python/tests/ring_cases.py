@@ -94,6 +94,25 @@ def test_global_lengths_default_to_the_sum_of_the_shards():
     assert (out - _shard(whole, rows)).abs().max().item() <= 1e-12
 
 
+def test_lengths_and_seed_left_to_be_found_on_some_ranks_only():
+    # Rank 0 gives the global lengths and leaves the dropout seed to be drawn; the others
+    # leave the lengths to be summed and give the seed rank 0 draws. Before the fix the ranks
+    # that summed a length entered an allreduce that rank 0 never did, and rank 0 a seed
+    # broadcast alone: the call waited for ever (every test runs under a timeout).
+    g = torch.Generator().manual_seed(6)
+    L = 24
+    q = torch.randn(1, 2, L, 8, dtype=torch.float64, generator=g)
+    torch.manual_seed(1234)
+    drawn = int(torch.randint(0, (1 << 63) - 1, (), dtype=torch.int64))  # what rank 0's call draws
+    whole = sdpa.attention(q, q, q, causal="top_left", dropout_p=0.2, seed=drawn)
+    torch.manual_seed(1234)
+    rows = dist.shard_rows(L, SIZE, RANK, "zigzag")
+    keywords = dict(query_length=L, key_length=L, seed=None) if RANK == 0 else dict(seed=drawn)
+    out = dist.ring_attention(_shard(q, rows), _shard(q, rows), _shard(q, rows), causal="top_left",
+                              dropout_p=0.2, **keywords)
+    assert (out - _shard(whole, rows)).abs().max().item() <= 1e-12
+
+
 def test_key_padding_mask_travels_with_its_keys():
     g = torch.Generator().manual_seed(9)
     L = 30
