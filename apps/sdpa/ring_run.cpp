@@ -1,5 +1,6 @@
 // The CLI's ring run. Output files: rank 0 creates a temporary file beside each output
-// (mkstemp in the destination's folder), writes the .npy header and sizes it; every rank
+// (mkstemp in the folder of the file io::OutputFiles resolved: a symlink's target, as a
+// single-process run writes through it), writes the .npy header and sizes it; every rank
 // writes its rows at their offsets (pwrite); when every rank has succeeded (one
 // collective), rank 0 renames the temporaries over the outputs — all or nothing, as
 // io::OutputFiles does for a single process (commit). Every step that can fail on one
@@ -39,36 +40,40 @@ std::vector<io::RowRange> io_rows(const std::vector<distributed::RowRange>& rows
 }
 
 // One output written by every rank: rank 0's temporary, the header, then the rows.
+// `target` is where io::OutputFiles found the output (symlinks followed: the link stays,
+// its target is replaced, as in a single-process run).
 struct SharedOutput {
-  std::string flag, path, temporary;
+  io::OutputFiles::Target target;
+  std::string temporary;
   std::size_t header_bytes = 0;
 };
 
-void fail_io(const std::string& flag, const std::string& path, const std::string& what) {
-  throw Error(ErrorKind::value, flag, path + ": " + what + ": " + std::strerror(errno));
+void fail_io(const SharedOutput& out, const std::string& what) {
+  throw Error(ErrorKind::value, out.target.argument, out.target.path + ": " + what + ": " + std::strerror(errno));
 }
 
-// Rank 0: the temporary beside `path`, with the header and the full size.
+// Rank 0: the temporary beside the target, with the header and the full size, and the
+// permission bits the single-process run gives it (the old file's, or 0666 less the umask).
 void create_output(SharedOutput& out, const std::string& header, std::uint64_t data_bytes) {
-  const std::filesystem::path target(out.path);
+  const std::filesystem::path target(out.target.resolved_path);
   std::string leaf = target.filename().string();  // a hidden ".<name>.ring-XXXXXX"
   leaf.insert(leaf.begin(), '.');
   leaf.append(".ring-XXXXXX");
-  std::string name = (target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path()) / leaf;
+  std::string name = target.parent_path() / leaf;
   const int fd = ::mkstemp(name.data());
-  if (fd < 0) fail_io(out.flag, out.path, "cannot create a temporary beside it");
+  if (fd < 0) fail_io(out, "cannot create a temporary beside it");
   out.temporary = name;
-  const bool ok = ::pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
+  const mode_t umask_bits = ::umask(0);
+  ::umask(umask_bits);
+  const mode_t mode = out.target.exists ? out.target.mode : out.target.mode & ~umask_bits;
+  const bool ok = ::fchmod(fd, mode) == 0 &&
+                  ::pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
                   ::ftruncate(fd, static_cast<off_t>(header.size() + data_bytes)) == 0;
   ::close(fd);
   if (!ok) {
     ::unlink(name.c_str());
-    fail_io(out.flag, out.path, "cannot write its header");
+    fail_io(out, "cannot write its header");
   }
-  // mkstemp's 0600, widened to what a new file gets (0666 less the umask).
-  const mode_t umask_bits = ::umask(0);
-  ::umask(umask_bits);
-  ::chmod(name.c_str(), 0666 & ~umask_bits);
   out.header_bytes = header.size();
 }
 
@@ -83,7 +88,7 @@ void write_rows(const SharedOutput& out, const std::string& encoded, std::int64_
   if (elements == 0) return;
   const std::size_t element = (encoded.size() - shard_header) / elements;
   const int fd = ::open(out.temporary.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) fail_io(out.flag, out.path, "cannot open its temporary");
+  if (fd < 0) fail_io(out, "cannot open its temporary");
   bool ok = true;
   const std::size_t row_bytes = static_cast<std::size_t>(cols) * element;
   for (std::int64_t m = 0; m < matrices && ok; ++m) {
@@ -99,7 +104,7 @@ void write_rows(const SharedOutput& out, const std::string& encoded, std::int64_
   }
   if (::fsync(fd) != 0) ok = false;
   ::close(fd);
-  if (!ok) fail_io(out.flag, out.path, "cannot write this rank's rows");
+  if (!ok) fail_io(out, "cannot write this rank's rows");
 }
 
 // Rank 0: the temporaries renamed over the outputs, all or nothing. Each existing output
@@ -113,26 +118,28 @@ void commit(const std::vector<SharedOutput>& files) {
   enum class Done { exchanged, created, replaced };
   std::vector<Done> done;
   for (const SharedOutput& f : files) {
-    int status = ::renameat2(AT_FDCWD, f.temporary.c_str(), AT_FDCWD, f.path.c_str(), RENAME_EXCHANGE);
+    const char* path = f.target.resolved_path.c_str();
+    int status = ::renameat2(AT_FDCWD, f.temporary.c_str(), AT_FDCWD, path, RENAME_EXCHANGE);
     Done how = Done::exchanged;
     if (status != 0 && (errno == ENOENT || errno == EINVAL || errno == ENOSYS)) {
       // No file there yet (ENOENT), or no RENAME_EXCHANGE here: a plain rename.
-      const bool existed = ::access(f.path.c_str(), F_OK) == 0;
-      status = std::rename(f.temporary.c_str(), f.path.c_str());
+      const bool existed = ::access(path, F_OK) == 0;
+      status = std::rename(f.temporary.c_str(), path);
       how = existed ? Done::replaced : Done::created;
     }
     if (status != 0) {
       const int error = errno;
       for (std::size_t k = done.size(); k-- > 0;) {
         const SharedOutput& back = files[k];
+        const char* back_path = back.target.resolved_path.c_str();
         if (done[k] == Done::exchanged)
-          ::renameat2(AT_FDCWD, back.temporary.c_str(), AT_FDCWD, back.path.c_str(), RENAME_EXCHANGE);
+          ::renameat2(AT_FDCWD, back.temporary.c_str(), AT_FDCWD, back_path, RENAME_EXCHANGE);
         else if (done[k] == Done::created)
-          ::unlink(back.path.c_str());
+          ::unlink(back_path);
       }
       for (const SharedOutput& t : files) ::unlink(t.temporary.c_str());
       errno = error;
-      fail_io(f.flag, f.path, "cannot replace it (no output was changed)");
+      fail_io(f, "cannot replace it (no output was changed)");
     }
     done.push_back(how);
   }
@@ -165,6 +172,7 @@ void ring_run(const RunArgs& args, const Options& options) {
   // Each rank's rows of the three files (the global lengths from the headers alone).
   Tensor query, key, value;
   std::int64_t L = 0, S = 0;
+  io::OutputFiles output_files;
   agree(
       comm,
       [&] {
@@ -176,10 +184,17 @@ void ring_run(const RunArgs& args, const Options& options) {
           return layout.shape[layout.shape.size() - 2];
         };
         // The single-process run's checks of the output paths (not a directory, an existing
-        // folder, no file named twice), agreed on by every rank before any work.
-        io::OutputFiles outputs;
-        outputs.add("--out", args.out);
-        if (args.lse) outputs.add("--lse", *args.lse);
+        // folder, no file named twice), agreed on by every rank before any work. A device,
+        // FIFO or descriptor is refused: its bytes come in order through one writer, and
+        // here every rank writes its rows at their offsets into a file rank 0 renames (a
+        // rename over /dev/null would replace the device node).
+        output_files.add("--out", args.out);
+        if (args.lse) output_files.add("--lse", *args.lse);
+        for (const io::OutputFiles::Target& t : output_files.targets())
+          if (t.direct)
+            throw Error(ErrorKind::value, t.argument,
+                        "expected a regular file or a new path with --ring (every rank writes its rows into it), "
+                        "got a device, FIFO, socket or file descriptor: " + t.path);
         L = length(args.query);
         S = length(args.key);
         // V is read with K's rows: a longer or shorter value file must not be cut to fit.
@@ -201,11 +216,13 @@ void ring_run(const RunArgs& args, const Options& options) {
   Tensor lse(query.dtype() == DType::float64 ? DType::float64 : DType::float32, lse_shape);
   ForwardOutputs outputs{output.view(), std::nullopt, std::nullopt};
   if (args.lse) outputs.lse = lse.view();
-  // auto: float64 files through the ordered exchange, whose output file has the
-  // single-process run's bytes; the ring (which overlaps more) for the other dtypes.
+  // auto: float64 files on the CPU backend through the ordered exchange, whose output file
+  // has the single-process run's bytes; the ring (which overlaps more) for the other dtypes
+  // and for the reference backend (which makes no bitwise claim through the ordered one).
+  const bool bitwise = query.dtype() == DType::float64 && options.backend != Backend::reference;
   const distributed::Exchange exchange =
       args.exchange == "all-gather" ? distributed::Exchange::all_gather
-      : args.exchange == "ordered" || (args.exchange == "auto" && query.dtype() == DType::float64)
+      : args.exchange == "ordered" || (args.exchange == "auto" && bitwise)
           ? distributed::Exchange::ordered
           : distributed::Exchange::ring;
   distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition, exchange}, options);
@@ -214,21 +231,21 @@ void ring_run(const RunArgs& args, const Options& options) {
   std::vector<std::int64_t> global_out = out_shape, global_lse = lse_shape;
   global_out[global_out.size() - 2] = L;
   global_lse.back() = L;
-  std::vector<SharedOutput> files{{"--out", args.out, "", 0}};
-  if (args.lse) files.push_back({"--lse", *args.lse, "", 0});
+  std::vector<SharedOutput> files;
+  for (const io::OutputFiles::Target& t : output_files.targets()) files.push_back({t, "", 0});
   // Rank 0 creates the temporaries; every rank learns their names and header length.
   agree(
       comm,
       [&] {
         if (rank != 0) return std::string();
         for (SharedOutput& f : files) {
-          const bool is_out = f.flag == "--out";
+          const bool is_out = f.target.argument == "--out";
           const Tensor& t = is_out ? output : lse;
           const std::vector<std::int64_t>& shape = is_out ? global_out : global_lse;
           std::uint64_t count = 1;
           for (std::int64_t d : shape) count *= static_cast<std::uint64_t>(d);
           const std::size_t element = t.dtype() == DType::bfloat16 ? 4 : dtype_size(t.dtype());
-          create_output(f, io::npy_header(t.dtype(), shape, f.flag), count * element);
+          create_output(f, io::npy_header(t.dtype(), shape, f.target.argument), count * element);
         }
         return std::string();
       },
@@ -252,7 +269,7 @@ void ring_run(const RunArgs& args, const Options& options) {
           std::int64_t lse_matrices = 1;
           for (std::size_t d = 0; d + 1 < lse_shape.size(); ++d) lse_matrices *= lse_shape[d];
           for (const SharedOutput& f : files) {
-            if (f.flag == "--out")
+            if (f.target.argument == "--out")
               write_rows(f, io::encode_npy(output, "--out"), shard == 0 ? 0 : matrices, L, shard, out_shape.back(),
                          my_rows);
             else

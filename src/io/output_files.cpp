@@ -169,6 +169,10 @@ class SigpipeBlocked {
 
 }  // namespace
 
+// A replacement keeps the old file's permission bits, without setuid/setgid (as `cp`
+// without -p); a new file gets 0666, which the umask then narrows.
+unsigned OutputFiles::replacement_mode(const Destination& d) { return d.exists ? (d.mode & 01777) : 0666; }
+
 void OutputFiles::add(const std::string& argument, const std::string& path) {
   if (path.empty()) fail(argument, "expected a file path, got an empty one");
   Destination d;
@@ -236,13 +240,12 @@ void OutputFiles::write(const std::vector<std::string_view>& contents) const {
   }
 
   // 2. Every regular destination into a temporary of its own directory, flushed to disk
-  //    before the rename so that a crash cannot leave an empty file under the old name.
-  //    A replacement keeps the old file's permission bits, without setuid/setgid (as
-  //    `cp` without -p).
+  //    before the rename so that a crash cannot leave an empty file under the old name,
+  //    with the permission bits of replacement_mode.
   for (std::size_t i = 0; i < destinations_.size(); ++i) {
     const Destination& d = destinations_[i];
     if (d.direct) continue;
-    const mode_t mode = d.exists ? (d.mode & 01777) : 0666;
+    const mode_t mode = replacement_mode(d);
     const int fd = create_temporary(parent_of(d.resolved_path), name_of(d.resolved_path), mode & 0777,
                                     files.temporaries[i]);
     if (fd < 0) {
@@ -285,6 +288,13 @@ void OutputFiles::write(const std::vector<std::string_view>& contents) const {
     if (::rename(files.temporaries[i].c_str(), d.resolved_path.c_str()) != 0) write_error(d, "renaming", errno);
     files.temporaries[i].clear();
   }
+}
+
+std::vector<OutputFiles::Target> OutputFiles::targets() const {
+  std::vector<Target> out;
+  for (const Destination& d : destinations_)
+    out.push_back({d.argument, d.path, d.resolved_path, d.direct, d.exists, replacement_mode(d)});
+  return out;
 }
 
 void write_file(const std::string& path, std::string_view contents) {

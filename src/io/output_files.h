@@ -39,6 +39,17 @@ class OutputFiles {
   // then changed (a device or FIFO already written to aside: what was sent is sent).
   void write(const std::vector<std::string_view>& contents) const;
 
+  // Where add() found each output, for a writer that fills the file by pieces of its own
+  // (the ring run: every rank writes its rows at their offsets, rank 0 renames).
+  struct Target {
+    std::string argument, path;
+    std::string resolved_path;  // what a rename replaces (symlinks followed)
+    bool direct = false;        // a device, FIFO, socket or file descriptor: no rename
+    bool exists = false;
+    unsigned mode = 0666;  // a replacement's permission bits (the old file's; 0666, less the umask, for a new one)
+  };
+  std::vector<Target> targets() const;
+
  private:
   struct Destination {
     std::string argument;
@@ -50,6 +61,8 @@ class OutputFiles {
     unsigned long device = 0, inode = 0;  // the file's identity, when it exists
     unsigned mode = 0;                    // its permission bits, kept by the replacement
   };
+
+  static unsigned replacement_mode(const Destination& d);
 
   std::vector<Destination> destinations_;
 };

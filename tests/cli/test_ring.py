@@ -9,6 +9,7 @@ go through the ordered exchange by default: the same bytes (`cmp`). A bad input 
 with exit code 2 and its message, and leaves no file behind."""
 
 import os
+import stat
 import shutil
 import subprocess
 from pathlib import Path
@@ -192,3 +193,38 @@ def test_bad_output_paths_are_refused_before_any_work(tmp_path, outputs, flag):
     assert f"{flag}" in ring.stderr
     assert not (tmp_path / "same.npy").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_fifo_output_is_refused_and_left_a_fifo(tmp_path):
+    # Every rank writes its rows at their offsets into a file rank 0 renames: a FIFO (as
+    # /dev/null, a device) cannot be written that way. Before the fix the rename replaced
+    # the FIFO with a plain file (and /dev/null's node with one).
+    write_inputs(tmp_path, np.float64, 8, 8)
+    os.mkfifo(tmp_path / "fifo")
+    ring = run(["run", "--ring", "-q", "q.npy", "-k", "k.npy", "-v", "v.npy", "-o", "fifo"], ranks=2, cwd=tmp_path)
+    assert ring.returncode == 2, ring.stdout + ring.stderr
+    assert ring.stderr.count("--out: expected a regular file or a new path with --ring") == 2, ring.stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_symlinked_output_is_written_through_and_keeps_the_old_files_mode(tmp_path):
+    # As a single-process run: the link stays and its target gets the output, with the
+    # permission bits the target had; a dangling link's target is created. Before the fix
+    # the links were replaced by plain files, and the target left as it was.
+    write_inputs(tmp_path, np.float64, 12, 12)
+    common = ["-q", "q.npy", "-k", "k.npy", "-v", "v.npy", "--causal", "top-left"]
+    single = run(["run"] + common + ["-o", "single.npy", "--lse", "single_lse.npy"], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "out.npy").write_bytes(b"old")
+    os.chmod(tmp_path / "data" / "out.npy", 0o640)
+    os.symlink("data/out.npy", tmp_path / "out.npy")
+    os.symlink("data/lse.npy", tmp_path / "lse.npy")  # dangling
+    ring = run(["run", "--ring"] + common + ["-o", "out.npy", "--lse", "lse.npy"], ranks=2, cwd=tmp_path)
+    assert ring.returncode == 0, ring.stdout + ring.stderr
+    for link, target, expected in (("out.npy", "out.npy", "single.npy"), ("lse.npy", "lse.npy", "single_lse.npy")):
+        assert os.path.islink(tmp_path / link)
+        assert (tmp_path / "data" / target).read_bytes() == (tmp_path / expected).read_bytes()
+    assert stat.S_IMODE(os.stat(tmp_path / "data" / "out.npy").st_mode) == 0o640
+    assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.name.startswith(".")) == []
