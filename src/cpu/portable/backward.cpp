@@ -28,6 +28,7 @@
 #include "common/philox.h"
 #include "cpu/portable/score_modifiers.h"
 #include "cpu/portable/tiles.h"
+#include "cpu/scratch.h"
 
 namespace sdpa::detail {
 namespace portable {
@@ -167,9 +168,11 @@ void run(const BackwardProblem& p) {
   const std::int64_t query_tiles = (p.L + kQueryTile - 1) / kQueryTile;
   const std::int64_t key_tasks = p.batch * p.heads_kv * key_tiles;
   const std::int64_t query_tasks = p.batch * p.heads_q * query_tiles;
-#pragma omp parallel num_threads(threads) if (key_tasks + query_tasks > 2)
+  const bool parallel = key_tasks + query_tasks > 2;
+  const auto scratch_of_thread = scratch_per_thread<Scratch<T>>(parallel ? threads : 1, p);
+#pragma omp parallel num_threads(threads) if (parallel)
   {
-    Scratch<T> scratch(p);
+    Scratch<T>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < key_tasks; ++t)
       key_tile(p, scratch, t / (p.heads_kv * key_tiles), (t / key_tiles) % p.heads_kv, (t % key_tiles) * kKeyTile);

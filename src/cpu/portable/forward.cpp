@@ -20,6 +20,7 @@
 #include "common/philox.h"
 #include "cpu/portable/score_modifiers.h"
 #include "cpu/portable/tiles.h"
+#include "cpu/scratch.h"
 
 namespace sdpa::detail {
 namespace portable {
@@ -197,9 +198,11 @@ void run(const Problem& p) {
   const std::int64_t tasks = p.batch * p.heads_q * tiles_per_head;
   // Each task owns its query rows of every output, and its result does not depend on
   // which thread runs it: bitwise the same for any thread count.
-#pragma omp parallel num_threads(p.threads(omp_get_max_threads())) if (tasks > 1)
+  const int threads = p.threads(omp_get_max_threads());
+  const auto scratch_of_thread = scratch_per_thread<Scratch<T>>(tasks > 1 ? threads : 1, p);
+#pragma omp parallel num_threads(threads) if (tasks > 1)
   {
-    Scratch<T> scratch(p);
+    Scratch<T>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t tile = task % tiles_per_head;

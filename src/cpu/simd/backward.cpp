@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/backward_problem.h"
+#include "cpu/scratch.h"
 #include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -85,25 +86,25 @@ struct Scratch {
     Ev_pad = std::max<std::int64_t>(RoundUp(p.Ev, N), N);
     const std::int64_t Ev = std::max<std::int64_t>(p.Ev, 1);
     for (Subtile& t : sub) {
-      t.qt = hwy::AllocateAligned<float>(p.E * rows);
-      t.dot = hwy::AllocateAligned<float>(Ev * rows);
-      t.dqt = hwy::AllocateAligned<float>(p.E * rows);
-      t.lse2 = hwy::AllocateAligned<float>(rows);
-      t.D = hwy::AllocateAligned<float>(rows);
+      t.qt = allocate_aligned<float>(p.E * rows);
+      t.dot = allocate_aligned<float>(Ev * rows);
+      t.dqt = allocate_aligned<float>(p.E * rows);
+      t.lse2 = allocate_aligned<float>(rows);
+      t.D = allocate_aligned<float>(rows);
       t.rows.reserve(rows);
     }
-    q_rows = hwy::AllocateAligned<float>(block_rows * E_pad);
-    do_rows = hwy::AllocateAligned<float>(block_rows * Ev_pad);
-    st = hwy::AllocateAligned<float>(kKeyTile * block_rows);
-    dpt = hwy::AllocateAligned<float>(kKeyTile * block_rows);
-    zt = hwy::AllocateAligned<float>(kKeyTile * rows);
-    tanh_t = hwy::AllocateAligned<float>(p.softcap > 0.0 ? kKeyTile * rows : 1);
-    k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
-    v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
-    row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));
-    alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
-    dk = hwy::AllocateAligned<float>(chunk_keys * E_pad);
-    dv = hwy::AllocateAligned<float>(chunk_keys * Ev_pad);
+    q_rows = allocate_aligned<float>(block_rows * E_pad);
+    do_rows = allocate_aligned<float>(block_rows * Ev_pad);
+    st = allocate_aligned<float>(kKeyTile * block_rows);
+    dpt = allocate_aligned<float>(kKeyTile * block_rows);
+    zt = allocate_aligned<float>(kKeyTile * rows);
+    tanh_t = allocate_aligned<float>(p.softcap > 0.0 ? kKeyTile * rows : 1);
+    k_tile = allocate_aligned<float>(kKeyTile * p.E);
+    v_tile = allocate_aligned<float>(kKeyTile * Ev);
+    row_buffer = allocate_aligned<float>(std::max({kKeyTile, p.E, Ev}));
+    alibi_lanes = allocate_aligned<float>(2 * rows);
+    dk = allocate_aligned<float>(chunk_keys * E_pad);
+    dv = allocate_aligned<float>(chunk_keys * Ev_pad);
   }
 };
 
@@ -368,9 +369,11 @@ void BackwardFloat32(const BackwardProblem& p) {
   const std::int64_t block_rows = kSubtiles * static_cast<std::int64_t>(2 * hn::Lanes(DF()));
   const BackwardSchedule work = schedule_backward(p, threads, kKeyTile, block_rows);
 
-#pragma omp parallel num_threads(threads) if (work.tasks() > 1 || work.chunks > 1)
+  const bool parallel = work.tasks() > 1 || work.chunks > 1;
+  const auto scratch_of_thread = scratch_per_thread<Scratch>(parallel ? threads : 1, p, work.chunk_keys);
+#pragma omp parallel num_threads(threads) if (parallel)
   {
-    Scratch scratch(p, work.chunk_keys);
+    Scratch& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
     Task task(p, scratch);
     // Causal: the first key chunks are the costliest (every later query sees them), so
     // they go first for dynamic scheduling to end balanced.

@@ -35,6 +35,7 @@
 
 #include "common/problem.h"
 #include "cpu/simd/bf16_kernels.h"
+#include "cpu/scratch.h"
 #include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -65,9 +66,9 @@ constexpr double kLn2 = 0.6931471805599453;
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
 // One tile of 2 vectors of query rows (1 when decoding: see ForwardFloat32) and its
-// running state. A task holds several, so
-// that each K/V tile, once loaded into the cache, serves all of them (long sequences
-// would otherwise stream K and V from memory once per 32 queries).
+// running state. A task holds several, so that each K/V tile, once loaded into the
+// cache, serves all of them (long sequences would otherwise stream K and V from memory
+// once per 32 queries).
 struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
   hwy::AlignedFreeUniquePtr<float[]> q_rows;        // int8 decode: Q (scaled) row-major, kFewRows × E
@@ -89,30 +90,30 @@ struct Scratch {
   Scratch(const Problem& p, bool bf16_path) : rows(kVectors * hn::Lanes(DF())) {
     const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
     for (Subtile& t : sub) {
-      t.qt = hwy::AllocateAligned<float>(p.E * rows);
-      t.ot = hwy::AllocateAligned<float>(Ev * rows);
-      t.m = hwy::AllocateAligned<float>(rows);
-      t.l = hwy::AllocateAligned<float>(rows);
-      if (bf16_path) t.qp = hwy::AllocateAligned<std::uint16_t>(E_even * rows);
-      if (p.key.dtype == DType::int8) t.q_rows = hwy::AllocateAligned<float>(kFewRows * p.E);
+      t.qt = allocate_aligned<float>(p.E * rows);
+      t.ot = allocate_aligned<float>(Ev * rows);
+      t.m = allocate_aligned<float>(rows);
+      t.l = allocate_aligned<float>(rows);
+      if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
+      if (p.key.dtype == DType::int8) t.q_rows = allocate_aligned<float>(kFewRows * p.E);
       t.rows.reserve(rows);
     }
-    st = hwy::AllocateAligned<float>(kKeyTile * rows);
-    zt = hwy::AllocateAligned<float>(p.dropout_p > 0.0 ? kKeyTile * rows : 1);
-    k_tile = hwy::AllocateAligned<float>(kKeyTile * p.E);
-    v_tile = hwy::AllocateAligned<float>(kKeyTile * Ev);
-    row_buffer = hwy::AllocateAligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
-    alibi_lanes = hwy::AllocateAligned<float>(2 * rows);
-    row_major = hwy::AllocateAligned<float>(rows * std::max(p.E, Ev));
-    k_scale = hwy::AllocateAligned<float>(kKeyTile);
-    v_scale = hwy::AllocateAligned<float>(kKeyTile);
+    st = allocate_aligned<float>(kKeyTile * rows);
+    zt = allocate_aligned<float>(p.dropout_p > 0.0 ? kKeyTile * rows : 1);
+    k_tile = allocate_aligned<float>(kKeyTile * p.E);
+    v_tile = allocate_aligned<float>(kKeyTile * Ev);
+    row_buffer = allocate_aligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
+    alibi_lanes = allocate_aligned<float>(2 * rows);
+    row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
+    k_scale = allocate_aligned<float>(kKeyTile);
+    v_scale = allocate_aligned<float>(kKeyTile);
     k_rows.resize(kKeyTile);
     v_rows.resize(kKeyTile);
     if (bf16_path) {
-      pp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * rows);
-      k16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * E_even);
-      v16 = hwy::AllocateAligned<std::uint16_t>(kKeyTile * Ev);
-      vp = hwy::AllocateAligned<std::uint16_t>(kKeyTile * Ev);
+      pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
+      k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
+      v16 = allocate_aligned<std::uint16_t>(kKeyTile * Ev);
+      vp = allocate_aligned<std::uint16_t>(kKeyTile * Ev);
     }
   }
 };
@@ -502,13 +503,15 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
   const hwy::AlignedFreeUniquePtr<float[]> states =
-      hwy::AllocateAligned<float>(std::max<std::int64_t>(schedule.state_floats, 1));
+      allocate_aligned<float>(std::max<std::int64_t>(schedule.state_floats, 1));
 
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count.
+  const auto scratch_of_thread =
+      scratch_per_thread<Scratch<kVectors>>(schedule.units > 1 ? threads : 1, first, bf16_path);
 #pragma omp parallel num_threads(threads) if (schedule.units > 1)
   {
-    Scratch<kVectors> scratch(first, bf16_path);
+    Scratch<kVectors>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < schedule.units; ++u) {
       const ForwardPlan& plan = schedule.plan_of_unit(u);

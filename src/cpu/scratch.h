@@ -1,0 +1,39 @@
+// Memory for the kernels' parallel regions. Two ways memory running out would end the
+// process where the library promises an error the caller can catch (std::bad_alloc):
+// an exception may not leave an OpenMP region (the runtime calls std::terminate), and
+// Highway's AllocateAligned returns null instead of throwing. So each thread's scratch
+// is made before the region, in the calling thread, and every aligned allocation is
+// checked.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+
+namespace sdpa::detail {
+
+// hwy::AllocateAligned that throws std::bad_alloc instead of returning null.
+template <class T>
+hwy::AlignedFreeUniquePtr<T[]> allocate_aligned(std::size_t count) {
+  hwy::AlignedFreeUniquePtr<T[]> memory = hwy::AllocateAligned<T>(count);
+  if (!memory) throw std::bad_alloc();
+  return memory;
+}
+
+// One Scratch(args...) per thread of a region of `threads` threads (at least one), for
+// thread omp_get_thread_num() to use. The pages are touched by whichever thread writes
+// them first, so on a multi-socket machine buffers that are written before they are read
+// (all of them here but the portable kernels' zero-initialised vectors) still land near
+// their thread.
+template <class Scratch, class... Args>
+std::vector<std::unique_ptr<Scratch>> scratch_per_thread(int threads, const Args&... args) {
+  std::vector<std::unique_ptr<Scratch>> scratch;
+  for (int t = 0; t < std::max(threads, 1); ++t) scratch.push_back(std::make_unique<Scratch>(args...));
+  return scratch;
+}
+
+}  // namespace sdpa::detail
