@@ -1,15 +1,25 @@
 #include "cpu/dispatch.h"
 
+#include <stdexcept>
+
 #include "cpu/portable/kernels.h"
 #include "cpu/simd/kernels.h"
 
 namespace sdpa::detail {
 
+bool cpu_forward_resumable(bool float64) { return float64; }
+
 void cpu_forward(const Problem* problems, std::int64_t count) {
-  if (count > 0 && problems[0].float64)
+  if (count == 0) return;
+  if (cpu_forward_resumable(problems[0].float64)) {
     portable_forward(problems, count);
-  else
-    simd_forward_float32(problems, count);
+    return;
+  }
+  // The SIMD kernels finish every row in the call: a carried state would be ignored and
+  // the chunk's output taken for the whole row's (a silent wrong answer).
+  for (std::int64_t k = 0; k < count; ++k)
+    if (problems[k].carried.present()) throw std::logic_error("cpu_forward: a carried problem on the SIMD kernels");
+  simd_forward_float32(problems, count);
 }
 
 void cpu_backward(const BackwardProblem& problem) {

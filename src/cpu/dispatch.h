@@ -16,6 +16,10 @@ namespace sdpa::detail {
 // E and Ev).
 void cpu_forward(const Problem* problems, std::int64_t count);
 
+// Whether cpu_forward resumes a problem of this kind from Problem::carried (the portable
+// kernel, float64, does; the SIMD kernels do not, and refuse a carried problem).
+bool cpu_forward_resumable(bool float64);
+
 void cpu_backward(const BackwardProblem& problem);
 
 // Name of the kernels cpu_forward() runs on this machine (for `sdpa info`).

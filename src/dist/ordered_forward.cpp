@@ -48,10 +48,10 @@ sdpa::detail::Operand lse_operand(const ShardCall& call, TensorView view) {
   return sdpa::detail::lse_operand(view, call.batch_shape, call.heads_q);
 }
 
-// The portable kernel runs float64 on the CPU backend (cpu/dispatch.cpp): resumable.
+// Whether the CPU backend's kernel for this dtype resumes from Problem::carried.
 template <class Acc>
 bool carries(const ShardCall& call) {
-  return std::is_same_v<Acc, double> && call.options.backend != Backend::reference;
+  return call.options.backend != Backend::reference && sdpa::detail::cpu_forward_resumable(std::is_same_v<Acc, double>);
 }
 
 }  // namespace
