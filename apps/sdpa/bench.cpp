@@ -43,11 +43,18 @@ struct Point {
            " Hq=" + std::to_string(heads_q) + " Hkv=" + std::to_string(heads_kv) + " L=" + std::to_string(L) +
            " S=" + std::to_string(S) + " E=" + std::to_string(E) + (alignment() != Causal::none ? " causal" : "");
   }
-  // FlashAttention's count: half of L·S when causal with L = S; for a few new tokens
-  // (bottom-right), the key pairs they see: L·S − L(L−1)/2.
+  // FlashAttention's count: half of L·S when causal with L = S; otherwise the (query, key)
+  // pairs the mask leaves, summed over the rows (a few new tokens, bottom-right: L·S −
+  // L(L−1)/2 when S >= L).
   double flops() const {
-    const double pairs = alignment() == Causal::bottom_right ? L * S - L * (L - 1) / 2.0
-                                                             : (causal && L == S ? 0.5 : 1.0) * L * S;
+    double pairs = static_cast<double>(L) * static_cast<double>(S);
+    if (alignment() != Causal::none && L == S) {
+      pairs *= 0.5;
+    } else if (alignment() != Causal::none) {
+      const std::int64_t shift = alignment() == Causal::bottom_right ? S - L : 0;  // row i sees keys j <= i + shift
+      pairs = 0;
+      for (std::int64_t i = 0; i < L; ++i) pairs += static_cast<double>(std::clamp<std::int64_t>(i + shift + 1, 0, S));
+    }
     return 4.0 * batch * heads_q * pairs * E;
   }
   // K and V read once; int8 K/V also read a float32 scale per row.

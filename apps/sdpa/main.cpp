@@ -198,8 +198,9 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       ->capture_default_str();
   run->add_option("--exchange", a.exchange,
                   "With --ring: ring (K/V passed around, memory O(shard)), all-gather (K/V gathered once; "
-                  "GQA/MQA), ordered (K/V broadcast in key order, softmax state carried: float64 bitwise the "
-                  "single-process run) or auto (ordered for float64 inputs, else ring)")
+                  "GQA/MQA), ordered (K/V broadcast in key order, softmax state carried: finite float64 inputs "
+                  "on the cpu backend give the single-process run's bytes) or auto (ordered for float64 "
+                  "inputs on the cpu backend, else ring)")
       ->check(CLI::IsMember({"auto", "ring", "all-gather", "ordered"}))
       ->capture_default_str();
 }

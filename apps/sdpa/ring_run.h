@@ -9,8 +9,8 @@ namespace sdpa::cli {
 
 // MPI for the duration of a ring command (mpirun starts the processes; a plain `sdpa run
 // --ring` is a single rank, MPI's singleton mode). run_command holds it around the whole
-// command, its error report included: MPI_Finalize waits for every rank, so every rank has
-// printed its error before any exits — mpirun ends the job when the first rank exits
+// command, its error report included: Open MPI's MPI_Finalize waits for every rank (the
+// standard does not require it to), so every rank has printed its error before any exits — mpirun ends the job when the first rank exits
 // non-zero, which would cut off the others' messages.
 class MpiSession {
  public:

@@ -35,8 +35,8 @@ enum class Partition { contiguous, zigzag };
 //               (MPI_Ibcast, the next chunk's transfer overlapping the compute of the one
 //               in hand; memory O(shard)), and every rank carries its query rows'
 //               online-softmax state (max, sum, un-normalised output) from chunk to chunk
-//               instead of merging normalised partial results. For float64 on the CPU
-//               backend the output and lse are bitwise the single-process sdpa::forward's
+//               instead of merging normalised partial results. For finite float64 inputs
+//               on the CPU backend the output and lse are bitwise sdpa::forward's
 //               (its key tiles of 64 are kept: chunks are the partition's pieces with
 //               their boundaries moved down to multiples of 64 keys, a chunk astride two
 //               owners filled by both). Other dtypes and the reference backend merge each

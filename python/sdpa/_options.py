@@ -54,21 +54,31 @@ def unflatten(values) -> Options:
                      for name, value in zip(_NAMES, values)))
 
 
-@functools.lru_cache(maxsize=256)
 def to_core(options: Options) -> _core.Options:
     """The sdpa._core.Options (sdpa::Options) holding `options`. Cached: a model calls with
     the same few options thousands of times, and setting the fields one by one costs
     microseconds, as much as a small head's computation. The binding takes it by const
-    reference and the object never leaves this module, so a cached one is never changed."""
+    reference and the object never leaves this module, so a cached one is never changed.
+    Not a call with dropout: each draws a new seed, so its options never come again and
+    would only push the others out. (Equal options share an entry: -0.0 and 0.0 do, which
+    is harmless, as the library gives no option a meaning that depends on a zero's sign.)"""
+    if options.dropout_p > 0:
+        return _make_core(options)
+    return _cached_core(options)
+
+
+def _make_core(options: Options) -> _core.Options:
     core = _core.Options()
     for name, value in zip(_NAMES, options):
         setattr(core, name, value)
     return core
 
 
+_cached_core = functools.lru_cache(maxsize=256)(_make_core)
+
 # Emptied before the interpreter tears the extension down, which reports every object of
 # its types still alive then as a leak.
-atexit.register(to_core.cache_clear)
+atexit.register(_cached_core.cache_clear)
 
 
 _CAUSAL = {None: "none", "top_left": "top_left", "bottom_right": "bottom_right"}

@@ -101,3 +101,17 @@ def test_option_ranges_are_the_librarys_named_by_the_python_argument():
         with pytest.raises(ValueError) as raised:
             sdpa.attention(x, x, x, **{keyword: value}, seed=0)
         assert str(raised.value).startswith(message), str(raised.value)
+
+
+def test_calls_with_dropout_leave_the_options_cache_alone():
+    # Each dropout call draws a new seed: its options never come again, and caching them
+    # pushed out the options a model does call with again and again.
+    q = np.random.default_rng(0).standard_normal((1, 1, 4, 8)).astype(np.float32)
+    sdpa.attention(q, q, q)
+    before = _options._cached_core.cache_info()
+    for _ in range(3):
+        sdpa.attention(q, q, q, dropout_p=0.5)
+    after = _options._cached_core.cache_info()
+    assert after.currsize == before.currsize and after.misses == before.misses
+    sdpa.attention(q, q, q)
+    assert _options._cached_core.cache_info().hits == after.hits + 1

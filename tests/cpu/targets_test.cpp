@@ -45,5 +45,39 @@ TEST_F(EveryTarget, MatchesOracle) {
   }
 }
 
+// A new token against many keys: the one-vector subtiles (Forward<1>, taken when a KV
+// head's query rows, Hq/Hkv · L = 4 here, fit one vector) with every score modifier, and
+// at S = 9001 the key range split across tasks and merged by the lse, on every target.
+TEST_F(EveryTarget, DecodeMatchesOracle) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 1);
+    Tensor slopes(DType::float64, {8});
+    for (std::int64_t h = 0; h < 8; ++h) slopes.set(h, 0.02 / static_cast<double>(h + 1));
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+      for (std::int64_t S : {101, 9001}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + ", S = " + std::to_string(S));
+        const Tensor q = random_tensor(dtype, {1, 8, 1, 40}, rng), k = random_tensor(dtype, {1, 2, S, 40}, rng),
+                     v = random_tensor(dtype, {1, 2, S, 24}, rng);
+        Options plain;
+        plain.causal = Causal::bottom_right;
+        EXPECT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), plain).ok());
+        const Tensor mask = random_bool({1, S}, rng, 0.8);
+        Options options = plain;
+        options.mask = mask.view();
+        options.window_left = S / 2;
+        options.alibi_slopes = slopes.view();
+        options.softcap = 3.0;
+        const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+        EXPECT_TRUE(a.ok()) << "window, ALiBi, softcap, mask: " << a.describe();
+        options.dropout_p = 0.25;
+        const Agreement d = compare_with_oracle(q.view(), k.view(), v.view(), options);
+        EXPECT_TRUE(d.ok()) << "with dropout: " << d.describe();
+      }
+  }
+}
+
 }  // namespace
 }  // namespace sdpa::testing
