@@ -357,6 +357,11 @@ BAD_LAYER_CALLS = [
     (lambda: LAYER(X, cache="cache"), TypeError, "cache: expected a KVCache from make_cache, got str"),
     (lambda: LAYER(X, attn_mask=torch.zeros(5, 3, 3, dtype=torch.bool)), ValueError,
      "attn_mask: expected a shape broadcastable to (2, 4, 3, 3), got (5, 3, 3)"),
+    # An int8 mask is neither bool nor additive float: it was added as a float mask.
+    (lambda: LAYER(X, key_padding_mask=torch.zeros(2, 3, dtype=torch.int8)), TypeError,
+     "key_padding_mask: expected bool, float16, bfloat16, float32 or float64, got int8"),
+    (lambda: LAYER(X, attn_mask=torch.zeros(3, 3, dtype=torch.int8), key_padding_mask=torch.zeros(2, 3)), TypeError,
+     "attn_mask: expected bool, float16, bfloat16, float32 or float64, got int8"),
     (lambda: LAYER.make_cache(2**63), ValueError,
      "batch: expected an integer in [-2**63, 2**63), got 9223372036854775808"),
     (lambda: LAYER.make_cache(2).truncate(2**63), ValueError,

@@ -45,6 +45,16 @@ Shape broadcast_strides(const TensorView& v, const Shape& target, const char* na
   return out;
 }
 
+// A mask is bool (takes part or not) or floating point (added); any other dtype — int8
+// since quantized K/V brought it — would be read as an additive float mask, a silent
+// wrong answer, so it is refused.
+void check_mask_dtype(const TensorView& v, const char* name) {
+  if (v.dtype != DType::boolean && v.dtype != DType::float16 && v.dtype != DType::bfloat16 &&
+      v.dtype != DType::float32 && v.dtype != DType::float64)
+    throw Error(ErrorKind::type, name,
+                std::string("expected bool, float16, bfloat16, float32 or float64, got ") + dtype_name(v.dtype));
+}
+
 double load(const TensorView& v, std::int64_t offset) {
   return sdpa::detail::load_element<double>(
       static_cast<const std::byte*>(v.data) + offset * static_cast<std::int64_t>(dtype_size(v.dtype)), v.dtype);
@@ -59,6 +69,7 @@ MergedMask merge_masks(const std::optional<TensorView>& mask, const std::optiona
   Shape mask_strides;
   if (mask) {
     check_view(*mask, "call.mask");
+    check_mask_dtype(*mask, "call.mask");
     // Unbatched calls see the mask against (Hq, L, S); it must not invent a batch dim.
     const Shape target = batched ? full : Shape{heads, queries, keys};
     mask_strides = broadcast_strides(*mask, target, "call.mask");
@@ -71,6 +82,7 @@ MergedMask merge_masks(const std::optional<TensorView>& mask, const std::optiona
 
   const TensorView& pad = *key_padding;
   check_view(pad, "call.key_padding_mask");
+  check_mask_dtype(pad, "call.key_padding_mask");
   const Shape pad_shape = batched ? Shape{batch, keys} : Shape{keys};
   if (pad.shape != pad_shape) {
     throw Error(ErrorKind::value, "call.key_padding_mask",

@@ -244,6 +244,34 @@ TEST_F(MaskTest, FloatKeyPaddingAndFloatMaskAreSummed) {
       "float padding + float mask");
 }
 
+// An int8 mask is neither bool nor an additive float: adding its integers as a float
+// mask would be a silent wrong answer, so each mask, alone or with the other, is refused
+// by name.
+TEST_F(MaskTest, Int8MasksAreRefusedByName) {
+  Tensor int8_mask(DType::int8, {L, S}), int8_pad(DType::int8, {B, S});
+  Tensor bool_mask(DType::boolean, {L, S}), float_pad = random64({B, S}, 12);
+  auto expect_refused = [&](const AttentionCall& call, const std::string& argument, const char* what) {
+    try {
+      layer_.forward(x_.view(), call);
+      ADD_FAILURE() << what << ": accepted an int8 mask";
+    } catch (const sdpa::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << what << ": " << e.what();
+      EXPECT_EQ(e.kind(), sdpa::ErrorKind::type) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("int8"), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  AttentionCall call;
+  call.mask = int8_mask.view();
+  expect_refused(call, "call.mask", "int8 mask alone");
+  call.key_padding_mask = float_pad.view();
+  expect_refused(call, "call.mask", "int8 mask with a float padding mask");
+  call.mask = bool_mask.view();
+  call.key_padding_mask = int8_pad.view();
+  expect_refused(call, "call.key_padding_mask", "int8 padding mask with a bool mask");
+  call.mask.reset();
+  expect_refused(call, "call.key_padding_mask", "int8 padding mask alone");
+}
+
 TEST(MultiHeadAttentionTest, UnbatchedInputIsABatchOfOne) {
   MultiHeadAttention layer(config(12, 3));
   randomize(layer, 12);
