@@ -127,6 +127,30 @@ TEST(CpuForward, DropoutMatchesOracleMaskExactly) {
     }
 }
 
+// A thread keeps its last call's scratch for the next call of the same shape (the SIMD
+// forward's ScratchCache). Calls in one thread that change each thing the scratch's sizes
+// depend on — E, Ev, dropout, bfloat16, few rows (one-vector subtiles) or many — and come
+// back, each against the oracle (the sanitizer build sees any buffer a stale scratch
+// overruns).
+TEST(CpuForward, ConsecutiveCallsOfChangingShapesMatchOracle) {
+  struct Step {
+    DType dtype;
+    std::int64_t L, E, Ev;
+    double dropout_p;
+  };
+  const Step steps[] = {{DType::float32, 33, 16, 16, 0.0},  {DType::float32, 33, 16, 16, 0.3},
+                        {DType::float32, 33, 96, 40, 0.3},  {DType::bfloat16, 65, 96, 40, 0.0},
+                        {DType::float32, 1, 96, 40, 0.0},   {DType::float32, 33, 16, 16, 0.0},
+                        {DType::float16, 1, 130, 8, 0.5},   {DType::float32, 65, 16, 130, 0.0}};
+  for (const Step& step : steps) {
+    Case c;
+    c.dtype = step.dtype;
+    c.L = step.L, c.S = 77, c.E = step.E, c.Ev = step.Ev;
+    c.dropout_p = step.dropout_p;
+    expect_forward_agrees(c, 5);
+  }
+}
+
 TEST(CpuForward, RankThreeAndRankFiveInputs) {
   // Rank 3 (batch, seq, dim), as in the seeds: dim −3 plays the part of the heads.
   std::mt19937_64 rng(3);

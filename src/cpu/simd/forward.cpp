@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "common/problem.h"
@@ -116,6 +117,39 @@ struct Scratch {
       vp = allocate_aligned<std::uint16_t>(kKeyTile * Ev);
     }
   }
+};
+
+// The scratch of a calling thread's last call, kept for its next call of the same shape
+// (what Scratch's sizes depend on): a model's small heads call thousands of times, and
+// making some 25 aligned buffers per thread per call was the largest part of a tiny
+// call's fixed cost (malloc and free: 37% of the CPU time of a (1, 1, 1, 8) call in perf).
+// Kept only for the head dims of models (the buffers are then a few hundred KB), so that
+// a call with a huge head dim does not hold its memory afterwards.
+template <std::size_t kVectors>
+class ScratchCache {
+ public:
+  std::vector<std::unique_ptr<Scratch<kVectors>>>& Get(const Problem& p, bool bf16_path, int threads) {
+    const Key key{p.E, p.Ev, bf16_path, p.key.dtype == DType::int8, p.dropout_p > 0.0};
+    if (!(key == key_) || static_cast<int>(of_thread_.size()) < threads) {
+      of_thread_.clear();  // before the new ones are made: never both at once
+      of_thread_ = scratch_per_thread<Scratch<kVectors>>(threads, p, bf16_path);
+      key_ = key;
+    }
+    return of_thread_;
+  }
+  void ReleaseUnlessSmall(const Problem& p) {
+    if (std::max(p.E, p.Ev) > kLargestKeptDim) of_thread_.clear();
+  }
+
+ private:
+  static constexpr std::int64_t kLargestKeptDim = 1024;
+  struct Key {
+    std::int64_t E = -1, Ev = -1;
+    bool bf16 = false, int8 = false, dropout = false;
+    bool operator==(const Key&) const = default;
+  };
+  Key key_;
+  std::vector<std::unique_ptr<Scratch<kVectors>>> of_thread_;
 };
 
 // Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
@@ -507,8 +541,9 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
 
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count.
-  const auto scratch_of_thread =
-      scratch_per_thread<Scratch<kVectors>>(schedule.units > 1 ? threads : 1, first, bf16_path);
+  thread_local ScratchCache<kVectors> cache;
+  const std::vector<std::unique_ptr<Scratch<kVectors>>>& scratch_of_thread =
+      cache.Get(first, bf16_path, schedule.units > 1 ? threads : 1);
 #pragma omp parallel num_threads(threads) if (schedule.units > 1)
   {
     Scratch<kVectors>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
@@ -542,6 +577,7 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
       }
     }
   }
+  cache.ReleaseUnlessSmall(first);
 }
 
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
