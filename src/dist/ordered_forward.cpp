@@ -7,7 +7,7 @@
 // the output and lse are bitwise sdpa::forward's (the sinks folded by the kernel's own
 // ending). Otherwise (float32, bfloat16, float16 on the SIMD kernels; the reference
 // backend) each chunk's partial output merges by its log-sum-exp, as the ring's do, and
-// the sinks fold once after the last chunk (merge.h).
+// the sinks fold once after the last chunk (merged_rows.h).
 //
 // Work skipped as in the ring: a (query block, chunk) pair whose keys the band masks for
 // every query of the block is not computed. Within a row's visible range a fully masked
@@ -25,33 +25,18 @@
 #include "cpu/portable/kernels.h"
 #include "dist/chunks.h"
 #include "dist/exchange.h"
-#include "dist/merge.h"
+#include "dist/merged_rows.h"
 #include "dist/stats.h"
-#include "reference/attention.h"
 
 namespace sdpa::distributed::detail {
 
 namespace {
 
-// Query rows per block: about eight polls of the exchange per chunk, never tiny blocks.
-std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
-
-void run_problem(const Problem& p, Backend backend) {
-  if (p.batch * p.heads_q * p.L == 0) return;
-  if (backend == Backend::reference)
-    sdpa::detail::reference_forward(p);
-  else
-    sdpa::detail::cpu_forward(&p, 1);
-}
-
-sdpa::detail::Operand lse_operand(const ShardCall& call, TensorView view) {
-  return sdpa::detail::lse_operand(view, call.batch_shape, call.heads_q);
-}
-
 // Whether the CPU backend's kernel for this dtype resumes from Problem::carried.
 template <class Acc>
 bool carries(const ShardCall& call) {
-  return call.options.backend != Backend::reference && sdpa::detail::cpu_forward_resumable(std::is_same_v<Acc, double>);
+  return call.options.backend != Backend::reference &&
+         sdpa::detail::cpu_forward_resumable(std::is_same_v<Acc, double>);
 }
 
 }  // namespace
@@ -66,11 +51,7 @@ OrderedBuffers<Acc>::OrderedBuffers(const ShardCall& call) {
     for (std::size_t row = 0; row < static_cast<std::size_t>(matrices * Lr); ++row)
       state[row * static_cast<std::size_t>(Ev + 2)] = -std::numeric_limits<Acc>::infinity();
   } else {
-    const std::int64_t block = std::min(block_rows(Lr), Lr);
-    acc_out.assign(static_cast<std::size_t>(matrices * Lr * Ev), Acc{0});
-    acc_lse.assign(static_cast<std::size_t>(matrices * Lr), -std::numeric_limits<Acc>::infinity());
-    part_out.resize(static_cast<std::size_t>(matrices * block * Ev));
-    part_lse.resize(static_cast<std::size_t>(matrices * block));
+    merged.emplace(call);
   }
   own.resize(kv_layout(call, call.S_shard, false).total());
   std::int64_t largest = 0;
@@ -83,9 +64,8 @@ template <class Acc>
 void ordered_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query, const TensorView& key,
                      const TensorView& value, const ForwardOutputs& outputs, OrderedBuffers<Acc>& buf) {
   RingStats& stats = last_ring_stats();
-  const DType acc_dtype = std::is_same_v<Acc, double> ? DType::float64 : DType::float32;
   const int N = call.ranks, r = call.rank;
-  const std::int64_t matrices = call.batch * call.heads_q, Lr = call.L_shard, Ev = call.Ev;
+  const std::int64_t Lr = call.L_shard, Ev = call.Ev;
   const std::int64_t S = call.sharding.key_length;
   const std::vector<Piece> q_pieces = shard_pieces(call.sharding.query_length, N, r, call.sharding.partition);
   const GlobalBand band = global_band(call);
@@ -139,19 +119,9 @@ void ordered_forward(MPI_Comm comm, const ShardCall& call, const TensorView& que
                                   rows_in_chunk, chunk.begin);
         if (carry) {
           p.carried = {buf.state.data() + (qp.local + b0) * (Ev + 2), Lr, true};
-          run_problem(p, call.options.backend);
+          run_piece(p, call.options.backend);
         } else {
-          p.output = sdpa::detail::make_operand(
-              packed_view(buf.part_out.data(), acc_dtype, call.batch_shape, call.heads_q, rows, Ev), call.batch_shape,
-              call.heads_q);
-          TensorView lse_view = packed_view(buf.part_lse.data(), acc_dtype, call.batch_shape, call.heads_q, rows, 1);
-          lse_view.shape.pop_back();
-          lse_view.strides.pop_back();
-          p.lse = lse_operand(call, lse_view);
-          run_problem(p, call.options.backend);
-          for (std::int64_t m = 0; m < matrices; ++m)
-            merge_rows(buf.acc_out.data() + (m * Lr + qp.local + b0) * Ev, buf.acc_lse.data() + m * Lr + qp.local + b0,
-                       buf.part_out.data() + m * rows * Ev, buf.part_lse.data() + m * rows, rows, Ev);
+          buf.merged->compute_and_merge(call, p, qp.local + b0, rows);
         }
         computed = true;
         exchange.poll();
@@ -172,27 +142,12 @@ void ordered_forward(MPI_Comm comm, const ShardCall& call, const TensorView& que
     Problem finish = piece_problem(call, band, query, 0, kv_views(call, 0, no_keys), 0, 0, 0);
     finish.sinks = call.sinks;
     finish.output = sdpa::detail::make_operand(outputs.output, call.batch_shape, call.heads_q);
-    if (outputs.lse) finish.lse = lse_operand(call, *outputs.lse);
+    if (outputs.lse) finish.lse = sdpa::detail::lse_operand(*outputs.lse, call.batch_shape, call.heads_q);
     finish.carried = {buf.state.data(), Lr, false};
-    run_problem(finish, call.options.backend);
+    run_piece(finish, call.options.backend);
     return;
   }
-  // The sinks, once per row, after the last merge (merge.h).
-  if (!call.sinks.empty())
-    for (std::int64_t m = 0; m < matrices; ++m)
-      fold_sink(buf.acc_out.data() + m * Lr * Ev, buf.acc_lse.data() + m * Lr,
-                static_cast<Acc>(call.sinks[static_cast<std::size_t>(m)]), Lr, Ev);
-  const sdpa::detail::Operand out = sdpa::detail::make_operand(outputs.output, call.batch_shape, call.heads_q);
-  for (std::int64_t m = 0; m < matrices; ++m)
-    for (std::int64_t i = 0; i < Lr; ++i)
-      for (std::int64_t d = 0; d < Ev; ++d)
-        out.store<Acc>(m, i, d, buf.acc_out[static_cast<std::size_t>((m * Lr + i) * Ev + d)]);
-  if (outputs.lse) {
-    const sdpa::detail::Operand lse = lse_operand(call, *outputs.lse);
-    for (std::int64_t m = 0; m < matrices; ++m)
-      for (std::int64_t i = 0; i < Lr; ++i)
-        lse.store<Acc>(m, i, 0, buf.acc_lse[static_cast<std::size_t>(m * Lr + i)]);
-  }
+  buf.merged->finish(call, outputs);  // the sinks folded once, then the rows stored
 }
 
 template struct OrderedBuffers<float>;

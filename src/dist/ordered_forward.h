@@ -4,9 +4,11 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "dist/chunks.h"
+#include "dist/merged_rows.h"
 #include "dist/shards.h"
 
 namespace sdpa::distributed::detail {
@@ -18,8 +20,7 @@ template <class Acc>
 struct OrderedBuffers {
   std::vector<Chunk> chunks;                 // the keys in global order (chunks.h)
   std::vector<Acc> state;                    // carried: (m, l, acc[Ev]) per row (Problem::carried)
-  std::vector<Acc> acc_out, acc_lse;         // merged: the output rows and lse so far
-  std::vector<Acc> part_out, part_lse;       // merged: one query block's partial result
+  std::optional<MergedRows<Acc>> merged;     // not carried: the rows merged chunk by chunk
   std::vector<std::byte> own;                // this rank's shard, packed
   std::vector<std::byte> arriving[2], hand;  // two chunks in flight (by segment), the one computed
   explicit OrderedBuffers(const ShardCall& call);

@@ -2,9 +2,9 @@
 // ordered_forward.cpp): N steps; at step s this rank holds the K/V shard of rank r − s,
 // computes its queries against it while that shard moves on to rank r + 1 and the next
 // one arrives from r − 1, and merges each partial output into its accumulator by the
-// log-sum-exp (merge.h). Query pieces go in blocks, with an MPI poll between blocks, so
+// log-sum-exp (merged_rows.h). Query pieces go in blocks, with an MPI poll between blocks, so
 // that the transfer advances during the compute (exchange.h). The sinks join each row
-// once, after the last merge (merge.h's fold_sink): the steps' partial softmaxes carry
+// once, after the last merge (MergedRows::finish): the steps' partial softmaxes carry
 // none, or every step would count them again.
 //
 // Work skipped: a (query block, key piece) pair whose keys the band masks for every
@@ -16,17 +16,14 @@
 #include <optional>
 #include <vector>
 
-#include "api/operands.h"
 #include "api/views.h"
-#include "cpu/dispatch.h"
 #include "dist/agreement.h"
 #include "dist/all_gather.h"
 #include "dist/exchange.h"
-#include "dist/merge.h"
+#include "dist/merged_rows.h"
 #include "dist/ordered_forward.h"
 #include "dist/shards.h"
 #include "dist/stats.h"
-#include "reference/attention.h"
 #include "sdpa/distributed.h"
 
 namespace sdpa::distributed {
@@ -42,35 +39,17 @@ namespace {
 
 constexpr int kForwardTag = 7001;
 
-void run_problem(const Problem& p, Backend backend) {
-  if (p.batch * p.heads_q * p.L == 0) return;
-  if (backend == Backend::reference)
-    sdpa::detail::reference_forward(p);
-  else
-    sdpa::detail::cpu_forward(&p, 1);
-}
-
-// Query rows per block: about eight polls of the exchange per piece, never tiny blocks.
-std::int64_t block_rows(std::int64_t rows) { return std::max<std::int64_t>(64, (rows + 7) / 8); }
-
 // Everything the forward allocates by the call's sizes, allocated before the ranks agree
 // (agreement.h): memory running out is then an error on every rank, not a rank missing
 // from the ring.
 template <class Acc>
 struct ForwardBuffers {
-  std::vector<Acc> acc_out, acc_lse;    // output rows (matrices × Lr × Ev) and lse, accumulated
-  std::vector<Acc> part_out, part_lse;  // one query block's partial output and lse
-  std::vector<std::byte> buffers[2];    // the K/V shard in hand and the one arriving
-  GatheredKv gathered;                  // all-gather: every shard
+  MergedRows<Acc> rows;               // this rank's query rows, merged over the steps
+  std::vector<std::byte> buffers[2];  // the K/V shard in hand and the one arriving
+  GatheredKv gathered;                // all-gather: every shard
 
-  explicit ForwardBuffers(const ShardCall& call) {
+  explicit ForwardBuffers(const ShardCall& call) : rows(call) {
     const int N = call.ranks;
-    const std::int64_t matrices = call.batch * call.heads_q, Lr = call.L_shard, Ev = call.Ev;
-    acc_out.assign(static_cast<std::size_t>(matrices * Lr * Ev), Acc{0});
-    acc_lse.assign(static_cast<std::size_t>(matrices * Lr), -std::numeric_limits<Acc>::infinity());
-    const std::int64_t block = std::min(block_rows(Lr), Lr);
-    part_out.resize(static_cast<std::size_t>(matrices * block * Ev));
-    part_lse.resize(static_cast<std::size_t>(matrices * block));
     // Two buffers of the largest shard (one for the all-gather: this rank's, packed).
     std::int64_t largest = 0;
     for (int k = 0; k < N; ++k)
@@ -85,14 +64,11 @@ template <class Acc>
 void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query, const TensorView& key,
                   const TensorView& value, const ForwardOutputs& outputs, ForwardBuffers<Acc>& buf) {
   RingStats& stats = last_ring_stats();
-  const DType acc_dtype = std::is_same_v<Acc, double> ? DType::float64 : DType::float32;
   const int N = call.ranks, r = call.rank;
-  const std::int64_t matrices = call.batch * call.heads_q, Lr = call.L_shard, Ev = call.Ev;
   const std::vector<Piece> q_pieces = shard_pieces(call.sharding.query_length, N, r, call.sharding.partition);
   const GlobalBand band = global_band(call);
-  std::vector<Acc>&acc_out = buf.acc_out, &acc_lse = buf.acc_lse, &part_out = buf.part_out, &part_lse = buf.part_lse;
   std::vector<std::byte>* buffers = buf.buffers;
-  const std::int64_t block = block_rows(Lr);
+  const std::int64_t block = block_rows(call.L_shard);
   pack_kv(call, key, value, buffers[0].data());
 
   // All-gather: every shard at once, then the same steps without transfers.
@@ -129,17 +105,7 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
           }
           Problem p = piece_problem(call, band, row_slice(query, qp.local + b0, rows), qp.global + b0, kv, kp.local,
                                     kp.rows, kp.global);
-          p.output = sdpa::detail::make_operand(
-              packed_view(part_out.data(), acc_dtype, call.batch_shape, call.heads_q, rows, Ev), call.batch_shape,
-              call.heads_q);
-          TensorView lse_view = packed_view(part_lse.data(), acc_dtype, call.batch_shape, call.heads_q, rows, 1);
-          lse_view.shape.pop_back();
-          lse_view.strides.pop_back();
-          p.lse = sdpa::detail::lse_operand(lse_view, call.batch_shape, call.heads_q);
-          run_problem(p, call.options.backend);
-          for (std::int64_t m = 0; m < matrices; ++m)
-            merge_rows(acc_out.data() + (m * Lr + qp.local + b0) * Ev, acc_lse.data() + m * Lr + qp.local + b0,
-                       part_out.data() + m * rows * Ev, part_lse.data() + m * rows, rows, Ev);
+          buf.rows.compute_and_merge(call, p, qp.local + b0, rows);
           computed = true;
           exchange.poll();
         }
@@ -152,24 +118,7 @@ void ring_forward(MPI_Comm comm, const ShardCall& call, const TensorView& query,
     stats.wait_seconds += seconds_since(wait_start);
   }
   stats.bytes_sent += exchange.bytes_sent();
-
-  // The sinks, once per row, after the last merge (merge.h).
-  if (!call.sinks.empty())
-    for (std::int64_t m = 0; m < matrices; ++m)
-      fold_sink(acc_out.data() + m * Lr * Ev, acc_lse.data() + m * Lr,
-                static_cast<Acc>(call.sinks[static_cast<std::size_t>(m)]), Lr, Ev);
-
-  // This rank's rows of the output (input dtype) and lse.
-  const sdpa::detail::Operand out = sdpa::detail::make_operand(outputs.output, call.batch_shape, call.heads_q);
-  for (std::int64_t m = 0; m < matrices; ++m)
-    for (std::int64_t i = 0; i < Lr; ++i)
-      for (std::int64_t d = 0; d < Ev; ++d)
-        out.store<Acc>(m, i, d, acc_out[static_cast<std::size_t>((m * Lr + i) * Ev + d)]);
-  if (outputs.lse) {
-    const sdpa::detail::Operand lse = sdpa::detail::lse_operand(*outputs.lse, call.batch_shape, call.heads_q);
-    for (std::int64_t m = 0; m < matrices; ++m)
-      for (std::int64_t i = 0; i < Lr; ++i) lse.store<Acc>(m, i, 0, acc_lse[static_cast<std::size_t>(m * Lr + i)]);
-  }
+  buf.rows.finish(call, outputs);
 }
 
 }  // namespace
