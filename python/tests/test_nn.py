@@ -371,6 +371,9 @@ BAD_LAYER_CALLS = [
      "query: expected a strided (dense) tensor, got a nested tensor"),
     (lambda: LAYER.load_state_dict({**LAYER.state_dict(), "out_proj.bias": np.array([None] * 16)}), TypeError,
      "out_proj.bias: expected a tensor or array of floats, got object"),
+    # int8 reaches the layer (it is a quantized K/V dtype): integers are no weights.
+    (lambda: LAYER.load_state_dict({**LAYER.state_dict(), "out_proj.bias": np.zeros(16, np.int8)}), TypeError,
+     "out_proj.bias: expected a floating-point tensor, got int8"),
 ]
 
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "api/views.h"
 #include "common/element.h"
 #include "nn/shape_text.h"
 #include "sdpa/error.h"
@@ -49,8 +50,7 @@ Shape broadcast_strides(const TensorView& v, const Shape& target, const char* na
 // since quantized K/V brought it — would be read as an additive float mask, a silent
 // wrong answer, so it is refused.
 void check_mask_dtype(const TensorView& v, const char* name) {
-  if (v.dtype != DType::boolean && v.dtype != DType::float16 && v.dtype != DType::bfloat16 &&
-      v.dtype != DType::float32 && v.dtype != DType::float64)
+  if (v.dtype != DType::boolean && !sdpa::detail::is_float(v.dtype))
     throw Error(ErrorKind::type, name,
                 std::string("expected bool, float16, bfloat16, float32 or float64, got ") + dtype_name(v.dtype));
 }

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "api/resolve_options.h"
+#include "api/views.h"
 #include "common/philox.h"
 #include "io/safetensors.h"
 #include "nn/linear.h"
@@ -322,7 +323,9 @@ void MultiHeadAttention::load_state_dict(const std::map<std::string, Tensor>& te
   };
   const std::int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
   for (const auto& [name, tensor] : tensors) {
-    if (tensor.dtype() == DType::boolean) fail(name, "expected a floating-point tensor, got bool", ErrorKind::type);
+    // bool and int8 (a safetensors I8 tensor loads as int8) would load as 0/1 or integer weights.
+    if (!sdpa::detail::is_float(tensor.dtype()))
+      fail(name, std::string("expected a floating-point tensor, got ") + dtype_name(tensor.dtype()), ErrorKind::type);
     if (name == "in_proj_weight" || name == "in_proj_bias") {
       const bool is_weight = name == "in_proj_weight";
       const Shape expected = is_weight ? Shape{q_out + 2 * kv_out, c.embed_dim} : Shape{q_out + 2 * kv_out};

@@ -411,6 +411,39 @@ TEST(MultiHeadAttentionTest, LoadStateDictChecksEverythingBeforeChangingAnything
   auto boolean = good;
   boolean["q_proj.bias"] = Tensor(DType::boolean, {8});
   expect_rejected(boolean, "bool");
+  // int8 (a quantized K/V dtype, and what a safetensors I8 tensor loads as) is no weight:
+  // its integers would load as integer-valued weights.
+  auto quantized = good;
+  quantized["q_proj.bias"] = Tensor(DType::int8, {8});
+  expect_rejected(quantized, "q_proj.bias: expected a floating-point tensor, got int8");
+}
+
+// An I8 tensor of the layer's in a safetensors file (the reader loads it as int8) is
+// refused, naming the file and the tensor, and the weights stay as they were.
+TEST(MultiHeadAttentionTest, Int8SafetensorsParameterIsRefused) {
+  MultiHeadAttention layer(config(8, 2));
+  randomize(layer, 25);
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  const Tensor int8_bias(DType::int8, {8});
+  for (const auto& [name, t] : layer.parameters())
+    tensors.emplace_back(name, name == "k_proj.bias" ? &int8_bias : t);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("sdpa_mha_int8_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  sdpa::io::write_safetensors(path, tensors);
+  MultiHeadAttention loaded(config(8, 2));
+  const Tensor before = loaded.parameter("k_proj.bias");
+  try {
+    loaded.load_safetensors(path);
+    ADD_FAILURE() << "loaded an int8 parameter";
+  } catch (const sdpa::Error& e) {
+    EXPECT_EQ(e.argument(), path);
+    EXPECT_EQ(e.kind(), sdpa::ErrorKind::type) << e.what();
+    EXPECT_NE(std::string(e.what()).find("k_proj.bias: expected a floating-point tensor, got int8"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(max_abs_diff(loaded.parameter("k_proj.bias"), before), 0.0);
 }
 
 class SafetensorsLayerTest : public ::testing::Test {
