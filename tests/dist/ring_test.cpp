@@ -634,6 +634,30 @@ TEST(RingErrors, MemoryRunningOutOnOneRankFailsEveryRank) {
 #endif
 }
 
+// int8 K/V (quantized caches) are a single-process feature: refused on every rank,
+// naming the key, even when only one rank's key is int8 (the others' are float32).
+TEST(RingErrors, Int8KeyRefusedOnEveryRank) {
+  const int N = comm_size(), r = comm_rank();
+  const std::int64_t L = 4 * N;
+  const bool culprit = r == N - 1;
+  Tensor q(DType::float32, {2, L / N, 8}), k(culprit ? DType::int8 : DType::float32, {2, L / N, 8});
+  Tensor v(DType::float32, {2, L / N, 8}), out(DType::float32, {2, L / N, 8});
+  Tensor scale(DType::float32, {2, L / N});
+  Options options;
+  if (culprit) options.key_scale = scale.view();
+  try {
+    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+            {L, L, Partition::zigzag}, options);
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "key") << e.what();
+    EXPECT_NE(std::string(e.what()).find("int8 is not supported by ring attention"), std::string::npos) << e.what();
+    if (!culprit) {
+      EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(RingErrors, ReferenceBackward) {
   const int N = comm_size(), r = comm_rank();
   const std::int64_t L = 4 * N;
