@@ -131,6 +131,67 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
   }
 }
 
+// The int8 decode microkernels (int8_rows-inl.h) take a task of few rows (group · L <=
+// kFewRows = 8): head dims with every tail against the vector width, K or V alone int8.
+TEST(QuantizedKV, DecodeKernelHeadDimTailsMatchOracle) {
+  int n = 600;
+  for (std::int64_t E : {1, 3, 17, 111, 128})
+    for (std::int64_t L : {1, 4})
+      for (int which = 0; which < 3; ++which) {
+        Shape4 s;
+        s.Hq = 4, s.Hkv = 2, s.L = L, s.S = 150, s.E = E, s.Ev = E == 1 ? 3 : E;
+        Quantized c = make_quantized(s, DType::float32, ++n, which != 2, which != 1);
+        c.options.causal = Causal::bottom_right;
+        expect_agrees(c, "E " + std::to_string(E) + " L " + std::to_string(L) + " which " + std::to_string(which));
+      }
+}
+
+// Every modifier on the decode path (Hq/Hkv = 2, L = 4: group · L = 8 rows), then a
+// fully masked row (output 0 and lse −inf, as the oracle) and a NaN query (its row NaN).
+TEST(QuantizedKV, DecodeKernelModifiersMatchOracle) {
+  Shape4 s;
+  s.B = 2, s.Hq = 4, s.Hkv = 2, s.L = 4, s.S = 90, s.E = 24, s.Ev = 17;
+  std::mt19937_64 rng(700);
+  for (int variant = 0; variant < 6; ++variant) {
+    Quantized c = make_quantized(s, DType::float32, 701 + variant);
+    Tensor slopes, sinks;
+    if (variant == 0 || variant == 5) {
+      c.mask = random_bool({s.B, s.Hq, s.L, s.S}, rng, 0.6);
+      c.options.mask = c.mask.view();
+    }
+    if (variant == 1) {
+      c.mask = random_tensor(DType::float32, {s.L, s.S}, rng);
+      c.options.mask = c.mask.view();
+    }
+    if (variant == 2 || variant == 5) {
+      slopes = alibi_slopes(DType::float32, {s.B}, s.Hq, true);
+      c.options.alibi_slopes = slopes.view();
+      c.options.causal = Causal::bottom_right;
+    }
+    if (variant == 3 || variant == 5) c.options.softcap = 4;
+    if (variant == 4 || variant == 5) {
+      sinks = sink_logits(DType::float32, {s.B}, s.Hq, true);
+      c.options.sinks = sinks.view();
+      c.options.dropout_p = 0.3;
+      c.options.seed = 11;
+    }
+    expect_agrees(c, "variant " + std::to_string(variant));
+  }
+
+  Quantized c = make_quantized(s, DType::float32, 710);
+  c.mask = random_bool({s.B, s.Hq, s.L, s.S}, rng, 0.6);
+  for (std::int64_t j = 0; j < s.S; ++j) c.mask.set(((1 * s.Hq + 2) * s.L + 3) * s.S + j, 0);  // (b 1, h 2, row 3)
+  c.options.mask = c.mask.view();
+  c.q.set(((0 * s.Hq + 1) * s.L + 2) * s.E + 5, std::nan(""));  // (b 0, h 1, row 2)
+  expect_agrees(c, "fully masked row and NaN query");
+  const ForwardResult r = forward(c.q.view(), c.key(), c.value(), c.options, Returns{false, true});
+  for (std::int64_t e = 0; e < s.Ev; ++e) {
+    EXPECT_EQ(r.output.get(((1 * s.Hq + 2) * s.L + 3) * s.Ev + e), 0.0) << "fully masked row, e " << e;
+    EXPECT_TRUE(std::isnan(r.output.get(((0 * s.Hq + 1) * s.L + 2) * s.Ev + e))) << "NaN query, e " << e;
+  }
+  EXPECT_EQ(r.lse.get((1 * s.Hq + 2) * s.L + 3), -kInf);
+}
+
 // Long S with few query rows: the keys split into ranges merged by log-sum-exp; the
 // merge must agree with the oracle and be bitwise the same for any thread count.
 TEST(QuantizedKV, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
