@@ -130,7 +130,8 @@ void KVCache::append(const TensorView& keys, const TensorView& values) {
     if (!v.strides.empty() && v.strides.size() != 4) {
       throw Error(ErrorKind::value, name, "expected 4 strides, got " + std::to_string(v.strides.size()));
     }
-    if (v.shape[2] < 0) throw Error(ErrorKind::value, name, "expected T >= 0 positions, got " + std::to_string(v.shape[2]));
+    if (v.shape[2] < 0)
+      throw Error(ErrorKind::value, name, "expected T >= 0 positions, got " + std::to_string(v.shape[2]));
     if (v.data == nullptr && v.numel() != 0) throw Error(ErrorKind::value, name, "expected data, got a null pointer");
   };
   check(keys, "keys", head_dim_);
@@ -147,8 +148,17 @@ void KVCache::append(const TensorView& keys, const TensorView& values) {
   if (dtype_ == DType::int8) {
     // Quantized straight into the new positions; a NaN or infinity is refused before
     // the length moves, so the cache still holds what it held.
-    quantize_kv(keys, slots(keys_, length_, tokens, head_dim_), scale_slots(key_scale_, length_, tokens));
-    quantize_kv(values, slots(values_, length_, tokens, value_dim_), scale_slots(value_scale_, length_, tokens));
+    auto quantize = [&](const TensorView& x, const TensorView& out, const TensorView& scale, const char* name) {
+      try {
+        quantize_kv(x, out, scale);
+      } catch (const Error& error) {
+        // quantize_kv calls its input x; this call's caller passed it as keys or values.
+        if (error.argument() != "x") throw;
+        throw Error(error.kind(), name, error.message());
+      }
+    };
+    quantize(keys, slots(keys_, length_, tokens, head_dim_), scale_slots(key_scale_, length_, tokens), "keys");
+    quantize(values, slots(values_, length_, tokens, value_dim_), scale_slots(value_scale_, length_, tokens), "values");
   } else {
     copy_in(keys, keys_, length_);
     copy_in(values, values_, length_);

@@ -261,7 +261,24 @@ TEST(KVCacheTest, Int8CacheQuantizesOnAppendAndTheLayerReadsItsScales) {
   Tensor nan_k = random_tensor(DType::float32, {2, 3, 1, 4}, 60);
   nan_k.set(3, std::nan(""));
   const Tensor ok_v = random_tensor(DType::float32, {2, 3, 1, 5}, 61);
-  EXPECT_THROW(cache.append(nan_k.view(), ok_v.view()), sdpa::Error);
+  // The error names the append's argument (quantize_kv's own name for it is x).
+  auto expect_refused_naming = [&](const TensorView& k, const TensorView& v, const std::string& argument) {
+    try {
+      cache.append(k, v);
+      ADD_FAILURE() << "appended a NaN";
+    } catch (const sdpa::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(argument + ": expected finite values to quantize, got nan"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  expect_refused_naming(nan_k.view(), ok_v.view(), "keys");
+  Tensor nan_v = ok_v;
+  nan_v.set(7, std::nan(""));
+  const Tensor ok_k = random_tensor(DType::float32, {2, 3, 1, 4}, 62);
+  expect_refused_naming(ok_k.view(), nan_v.view(), "values");
+  EXPECT_EQ(cache.length(), 15);
   const Tensor k8(DType::int8, {2, 3, 1, 4}), v8(DType::int8, {2, 3, 1, 5});
   EXPECT_THROW(cache.append(k8.view(), v8.view()), sdpa::Error);
   EXPECT_EQ(cache.length(), 15);
