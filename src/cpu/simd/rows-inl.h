@@ -29,6 +29,20 @@ namespace simd {
 // Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
 // The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
 // a vector at a time (F16C / shifts).
+// `bytes` bytes from `from` to `to`, whole vectors inline and the last partial one by
+// memcpy: a small head's rows are a few hundred bytes, and a libc memcpy call per row
+// (its dispatch and size checks) cost more than the copy. Bytes, not floats: a row of a
+// caller's float32 tensor may start at any address.
+inline void CopyRowBytes(std::byte* HWY_RESTRICT to, const std::byte* HWY_RESTRICT from, std::size_t bytes) {
+  const hn::ScalableTag<std::uint8_t> du8;
+  const std::size_t N = hn::Lanes(du8);
+  auto* dst = reinterpret_cast<std::uint8_t*>(to);
+  const auto* src = reinterpret_cast<const std::uint8_t*>(from);
+  std::size_t x = 0;
+  for (; x + N <= bytes; x += N) hn::StoreU(hn::LoadU(du8, src + x), du8, dst + x);
+  if (x < bytes) std::memcpy(dst + x, src + x, bytes - x);
+}
+
 inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
                     float* out) {
   if (count <= 0) return;  // an empty row may have no memory behind it
@@ -42,7 +56,7 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
   switch (op.dtype) {
     case DType::float32:
       if (step == 1) {  // a contiguous row (paged K/V rows are copied this way)
-        std::memcpy(out, base, static_cast<std::size_t>(count) * 4);
+        CopyRowBytes(reinterpret_cast<std::byte*>(out), base, static_cast<std::size_t>(count) * 4);
         return;
       }
       each([](const std::byte* p) { float v; std::memcpy(&v, p, 4); return v; }, 4);
@@ -102,7 +116,7 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
   switch (op.dtype) {
     case DType::float32:
       if (step == 4) {  // a contiguous row
-        std::memcpy(base, in, static_cast<std::size_t>(count) * 4);
+        CopyRowBytes(base, reinterpret_cast<const std::byte*>(in), static_cast<std::size_t>(count) * 4);
         return;
       }
       each([](std::byte* p, float v) { std::memcpy(p, &v, 4); });
@@ -185,8 +199,17 @@ void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::
   set.key_limit = 0;
   set.max_key_begin = 0;
   set.min_key_end = p.S;
-  for (std::int64_t flat = first; flat < first + count; ++flat) {
-    const std::int64_t head = head_kv * group + flat / p.L, i = flat % p.L;
+  // (head, i) of flat row `first`, then stepped: one division per subtile, not two per
+  // row (a 64-bit division costs tens of cycles on Intel cores, and a small head's
+  // subtile is all setup).
+  std::int64_t head = head_kv * group + first / p.L, i = first % p.L;
+  const auto next_row = [&] {
+    if (++i == p.L) {
+      i = 0;
+      ++head;
+    }
+  };
+  for (std::int64_t n = 0; n < count; ++n, next_row()) {
     const Row row{p.q_matrix(b, head), head, i, p.key_begin(i), p.key_end(i)};
     if (row.key_begin >= row.key_end) {  // sees no key (the window or causal hides all)
       set.rows.push_back({row.matrix, head, i, 0, 0});
