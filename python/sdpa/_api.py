@@ -369,7 +369,7 @@ def _like(name, x, other_name, other):
 
 def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=None, scale=None, dropout_p=0.0,
                      seed=None, window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0,
-                     sinks=None, return_lse=False):
+                     sinks=None, return_lse=False, key_scale=None, value_scale=None):
     """Attention over a batch of sequences of different lengths packed without padding
     (FlashAttention's ``flash_attn_varlen_func`` layout).
 
@@ -398,12 +398,16 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
             sdpa.attention (differentiable).
         return_lse: also return the log-sum-exp, (Hq, total_q) (FlashAttention's
             softmax_lse layout), float32 (float64 for float64 inputs).
+        key_scale, value_scale: with an int8 key (value), its float32 scale per (token,
+            KV head), (total_k, Hkv): sdpa.quantize_kv of the packed key gives both. As in
+            sdpa.attention; inference only.
 
     Returns:
         output (total_q, Hq, Ev) in the query's dtype, or ``(output, lse)``.
 
     Autograd: torch inputs that require grad get gradients from the library's
-    backward_varlen (dropout replayed, GQA summed), torch.compile included.
+    backward_varlen (dropout replayed, GQA summed), torch.compile included; not with
+    int8 key / value.
 
     Raises:
         TypeError: a wrong dtype (of the tensors or of cu_seqlens), mixed frameworks.
@@ -420,12 +424,21 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
+    key_scale, value_scale = _scales(fw, key_scale, value_scale)
+    for name, s, tensor in (("key_scale", key_scale, k), ("value_scale", value_scale, v)):
+        # Checked in the caller's layout: the library sees (Hkv, total_k) and would say so.
+        if s is not None and tuple(s.shape) != tuple(tensor.shape[:-1]):
+            raise ValueError(f"{name}: expected (total_k, Hkv) = {tuple(tensor.shape[:-1])}, got shape "
+                             f"{tuple(s.shape)}")
+    quantized = key_scale is not None or value_scale is not None
+    if quantized:
+        _inference_only(fw, "key_scale / value_scale", q, k, v, sink_logits)
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
         from . import _autograd
 
-        if _autograd.wanted(q, k, v, sink_logits):
+        if not quantized and _autograd.wanted(q, k, v, sink_logits):
             output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, sink_logits, options)
             return (output, lse) if return_lse else output
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -434,8 +447,9 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     # FlashAttention's layouts, written through (H, total, ·) views.
     output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
     lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
+    key_scale, value_scale = (None if s is None else fw.swap(s, 0, 1) for s in (key_scale, value_scale))
     _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, slopes, sink_logits,
-                         fw.swap(output, 0, 1), lse, to_core(options))
+                         fw.swap(output, 0, 1), lse, to_core(options), key_scale, value_scale)
     return (output, lse) if return_lse else output
 
 

@@ -200,8 +200,10 @@ void backward(const Input& query, const Input& key, const Input& value, const st
 void forward_varlen(const Input& query, const Input& key, const Input& value, const Input& cu_seqlens_q,
                     const Input& cu_seqlens_k, const std::optional<Input>& alibi_slopes,
                     const std::optional<Input>& sinks, const Output& output, const std::optional<Output>& lse,
-                    const sdpa::Options& call_options) {
-  const sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
+                    const sdpa::Options& call_options, const std::optional<Input>& key_scale,
+                    const std::optional<Input>& value_scale) {
+  sdpa::Options options = with_per_head(call_options, alibi_slopes, sinks);
+  add_scales(options, key_scale, value_scale);
   const sdpa::VarlenSequences sequences{integers_of(cu_seqlens_q, "cu_seqlens_q", 1),
                                         integers_of(cu_seqlens_k, "cu_seqlens_k", 1)};
   const sdpa::TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
@@ -300,6 +302,7 @@ NB_MODULE(_core, m) {
         "Gradients of one forward call into the given buffers (used by sdpa's torch autograd).");
   m.def("forward_varlen", &forward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"), in("cu_seqlens_k"),
         maybe("alibi_slopes"), maybe("sinks"), in("output"), maybe("lse"), nb::arg("options"),
+        maybe("key_scale") = nb::none(), maybe("value_scale") = nb::none(),
         "Packed variable-length attention, tensors (H, total, E), into the given buffers (see "
         "sdpa.varlen_attention).");
   m.def("backward_varlen", &backward_varlen, in("query"), in("key"), in("value"), in("cu_seqlens_q"),

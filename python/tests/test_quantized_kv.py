@@ -194,3 +194,43 @@ def test_layer_int8_cache_within_the_derived_bound():
     assert int8_cache.length == 20
     with pytest.raises(TypeError, match="^dtype: "):
         layer.make_cache(1, dtype="float16")
+
+
+@pytest.mark.parametrize("which", ["both", "key", "value"])
+def test_varlen_int8_matches_formula_per_sequence(which):
+    """Packed (total_k, Hkv, E) int8 K/V with their (total_k, Hkv) scales, as quantize_kv
+    of the packed buffers gives them; each sequence against the formula on its own rows."""
+    gen = torch.Generator().manual_seed(13)
+    Hq, Hkv, E, Ev = 4, 2, 24, 17
+    lengths_q, lengths_k = [3, 1, 0, 6], [9, 40, 5, 6]
+    cu_q, cu_k = np.cumsum([0] + lengths_q), np.cumsum([0] + lengths_k)
+    q = torch.randn(cu_q[-1], Hq, E, generator=gen)
+    k, v = torch.randn(cu_k[-1], Hkv, E, generator=gen), torch.randn(cu_k[-1], Hkv, Ev, generator=gen)
+    (k8, ks), (v8, vs) = sdpa.quantize_kv(k), sdpa.quantize_kv(v)
+    key, key_scale, k64 = (k8, ks, dequantized(k8, ks)) if which != "value" else (k, None, oracle.to64(k))
+    value, value_scale, v64 = (v8, vs, dequantized(v8, vs)) if which != "key" else (v, None, oracle.to64(v))
+    out, lse = sdpa.varlen_attention(q, key, value, cu_q, cu_k, causal="bottom_right", key_scale=key_scale,
+                                     value_scale=value_scale, return_lse=True)
+    assert out.shape == (cu_q[-1], Hq, Ev) and lse.shape == (Hq, cu_q[-1])
+    for b in (b for b in range(len(lengths_q)) if lengths_q[b] > 0):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        reference, _, reference_lse = oracle.extended_attention(
+            oracle.to64(q[rows]).transpose(0, 1), k64[keys].transpose(0, 1), v64[keys].transpose(0, 1),
+            causal="bottom_right")
+        ours = oracle.to64(out[rows]).transpose(0, 1)
+        assert torch.all((ours - reference).abs() <= tolerance(torch.float32, reference)), b
+        assert torch.allclose(oracle.to64(lse[:, rows]), reference_lse, rtol=0, atol=1e-5), b
+
+
+def test_varlen_int8_errors_name_the_argument():
+    q, k = torch.randn(7, 2, 8), torch.randn(7, 2, 8)
+    (k8, ks), (v8, vs) = sdpa.quantize_kv(k), sdpa.quantize_kv(k)
+    cu = [0, 3, 7]
+    with pytest.raises(ValueError, match="^key_scale: .*int8 key.*got none"):
+        sdpa.varlen_attention(q, k8, k, cu, cu)
+    with pytest.raises(ValueError, match=r"^key_scale: expected \(total_k, Hkv\) = \(7, 2\), got shape \(2, 7\)"):
+        sdpa.varlen_attention(q, k8, k, cu, cu, key_scale=ks.T)
+    with pytest.raises(ValueError, match="^value_scale: expected no scale"):
+        sdpa.varlen_attention(q, k, k, cu, cu, value_scale=vs)
+    with pytest.raises(NotImplementedError, match="inference"):
+        sdpa.varlen_attention(q.requires_grad_(), k8, v8, cu, cu, key_scale=ks, value_scale=vs)
