@@ -321,8 +321,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # torch reads dim -3 as the head dim when it applies GQA, also at rank 3; the library's
     # rank 3 is (batch, seq, dim), so such inputs become (1, heads, seq, dim).
     squeeze = enable_gqa and q.ndim == k.ndim == v.ndim == 3
+    scales = _scales(fw, key_scale, value_scale)
     if squeeze:
         q, k, v = fw.unsqueeze(q), fw.unsqueeze(k), fw.unsqueeze(v)
+        scales = tuple(None if s is None else fw.unsqueeze(s) for s in scales)
 
     if q.ndim == k.ndim == v.ndim and q.ndim >= 4:
         heads_q, heads_k, heads_v = q.shape[-3], k.shape[-3], v.shape[-3]
@@ -344,11 +346,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             except ValueError:
                 batch = None  # the library reports the mismatch
             if batch is not None:
+                # A scale (one per row of its key / value) follows its tensor; one that does not
+                # match it is left as it is for the library to report.
+                scales = tuple(fw.broadcast_to(s, batch + tuple(s.shape[nb:]))
+                               if s is not None and tuple(s.shape) == tuple(t.shape[:-1]) else s
+                               for s, t in zip(scales, (k, v)))
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
-
-    scales = _scales(fw, key_scale, value_scale)
-    if squeeze:
-        scales = tuple(None if s is None else fw.unsqueeze(s) for s in scales)
     output, _, _ = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=False, lse=False, out=None,
                         mask_name="attn_mask", scales=scales)
     return output[0] if squeeze else output

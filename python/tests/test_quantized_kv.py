@@ -117,6 +117,29 @@ def test_scaled_dot_product_attention_int8_gqa():
     assert torch.all((oracle.to64(out) - reference).abs() <= tolerance(torch.float32, reference))
 
 
+@pytest.mark.parametrize("lib", ["torch", "numpy"])
+def test_scaled_dot_product_attention_int8_broadcasts_the_scales_with_the_batch(lib):
+    """torch's SDPA broadcasts batch dims of size 1; an int8 K/V shared by the batch brings
+    its scales along (they were left (1, ...) and refused before)."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(3, 2, 5, 16, generator=gen)
+    k, v = torch.randn(1, 2, 9, 16, generator=gen), torch.randn(1, 2, 9, 12, generator=gen)
+    k8, ks = sdpa.quantize_kv(k)
+    args = (q, k8, v) if lib == "torch" else (q.numpy(), k8.numpy(), v.numpy())
+    scale = ks if lib == "torch" else ks.numpy()
+    out = torch.as_tensor(sdpa.scaled_dot_product_attention(*args, key_scale=scale))
+    reference, _, _ = oracle.extended_attention(oracle.to64(q), dequantized(k8, ks).expand(3, -1, -1, -1),
+                                                oracle.to64(v).expand(3, -1, -1, -1))
+    assert out.shape == (3, 2, 5, 12)
+    assert torch.all((oracle.to64(out) - reference).abs() <= tolerance(torch.float32, reference))
+    out = torch.as_tensor(sdpa.scaled_dot_product_attention(*args[:2], args[1], key_scale=scale, value_scale=scale))
+    reference, _, _ = oracle.extended_attention(oracle.to64(q), dequantized(k8, ks).expand(3, -1, -1, -1),
+                                                dequantized(k8, ks).expand(3, -1, -1, -1))
+    assert torch.all((oracle.to64(out) - reference).abs() <= tolerance(torch.float32, reference))
+    with pytest.raises(ValueError, match="^key_scale: "):  # a scale that is not its key's is still named
+        sdpa.scaled_dot_product_attention(*args, key_scale=scale[..., :8])
+
+
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_paged_int8_pages_match_dense(layout):
     gen = torch.Generator().manual_seed(11)
