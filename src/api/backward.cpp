@@ -80,7 +80,7 @@ void run(const detail::BackwardProblem& problem, const BackwardOutputs& outputs,
 }  // namespace
 
 void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, const Options& options) {
-  const detail::CheckedInputs checked = detail::check_inputs(inputs.query, inputs.key, inputs.value, options);
+  const detail::CheckedInputs checked = detail::check_backward_inputs(inputs.query, inputs.key, inputs.value, options);
   detail::CheckedBackward call = detail::make_backward_problem(checked, inputs, outputs);
   detail::BackwardProblem& problem = call.problem;
 
@@ -105,7 +105,7 @@ void backward(const BackwardInputs& inputs, const BackwardOutputs& outputs, cons
 }
 
 BackwardResult backward(const BackwardInputs& inputs, const Options& options, bool mask_gradient) {
-  detail::check_inputs(inputs.query, inputs.key, inputs.value, options);  // before sizing anything by them
+  detail::check_backward_inputs(inputs.query, inputs.key, inputs.value, options);  // before sizing anything by them
   BackwardResult result;
   BackwardOutputs outputs = allocate_gradients(inputs, options, result);
   if (mask_gradient) {

@@ -205,11 +205,16 @@ Problem make_problem(const CheckedInputs& in, const ForwardOutputs& outputs) {
   return p;
 }
 
+CheckedInputs check_backward_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
+                                    const Options& options) {
+  check_not_quantized(key, value, kBackwardOfInt8);
+  return check_inputs(query, key, value, options);
+}
+
 CheckedBackward make_backward_problem(const CheckedInputs& in, const BackwardInputs& tensors,
                                       const BackwardOutputs& outputs) {
   const TensorView& query = *in.query;
   const Options& options = *in.options;
-  check_not_quantized(*in.key, *in.value, "the backward (quantized K/V are for inference)");
 
   std::vector<Span> input_spans = input_spans_of(in);
   check_backward_reads(tensors, in.output_shape, in.lse_shape, query.dtype, in.lse_dtype, input_spans);

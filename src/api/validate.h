@@ -36,6 +36,7 @@ void check_kv_scale(const TensorView& tensor, const std::optional<TensorView>& s
 
 // Refuses int8 K/V where `what` (the backward, ring attention) cannot read them.
 void check_not_quantized(const TensorView& key, const TensorView& value, const std::string& what);
+inline constexpr const char* kBackwardOfInt8 = "the backward (quantized K/V are for inference)";
 
 // Checks query, key, value, the mask and the scalar options; throws sdpa::Error.
 CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -57,6 +58,11 @@ struct CheckedBackward {
   // grad_mask buffer afterwards, in a fixed order.
   bool mask_gradient_sums = false;
 };
+
+// check_inputs for a backward: int8 K/V are refused first, for what they are (the
+// backward has no int8 path), before check_inputs would ask for their scales.
+CheckedInputs check_backward_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
+                                    const Options& options);
 
 // Checks the backward's read-only tensors (output, lse, grad_output: shapes and dtypes
 // as the forward gives them, any strides) and the gradient buffers (shapes and dtypes of

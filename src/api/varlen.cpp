@@ -89,8 +89,7 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
     const TensorView v = sequence_view(value, cu_k[b], cu_k[b + 1] - cu_k[b]);
     Options sequence = sequence_options(options, static_cast<std::int64_t>(b));
     if (options.key_scale) sequence.key_scale = sequence_view(*options.key_scale, cu_k[b], cu_k[b + 1] - cu_k[b]);
-    if (options.value_scale)
-      sequence.value_scale = sequence_view(*options.value_scale, cu_k[b], cu_k[b + 1] - cu_k[b]);
+    if (options.value_scale) sequence.value_scale = sequence_view(*options.value_scale, cu_k[b], cu_k[b + 1] - cu_k[b]);
     ForwardOutputs slices{sequence_view(outputs.output, cu_q[b], cu_q[b + 1] - cu_q[b]), std::nullopt, std::nullopt};
     if (outputs.lse) slices.lse = sequence_view(*outputs.lse, cu_q[b], cu_q[b + 1] - cu_q[b]);
     Problem p = make_problem(check_inputs(q, k, v, sequence), slices);
@@ -103,7 +102,7 @@ std::vector<Problem> make_varlen_problems(const TensorView& query, const TensorV
 std::vector<SequenceBackward> make_varlen_backward_problems(const BackwardInputs& inputs,
                                                             const VarlenSequences& sequences,
                                                             const BackwardOutputs& outputs, const Options& options) {
-  check_not_quantized(inputs.key, inputs.value, "the backward (quantized K/V are for inference)");
+  check_not_quantized(inputs.key, inputs.value, kBackwardOfInt8);
   const OutputShapes shapes = check_varlen_inputs(inputs.query, inputs.key, inputs.value, sequences, options);
   if (outputs.grad_mask) fail("grad_mask", "expected no buffer for a packed call (it takes no mask), got one");
   // The whole call first: shapes, dtypes, no output overlapping an input or another output.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -23,8 +24,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A call's K and V quantized (either or both), with the options that read them.
 struct Quantized {
-  Tensor q, k, v;        // the query and the unquantized K/V (float32)
-  QuantizedKV k8, v8;    // int8 and scales
+  Tensor q, k, v;      // the query and the unquantized K/V (float32)
+  QuantizedKV k8, v8;  // int8 and scales
   Tensor mask;
   Options options;
   bool int8_key = true, int8_value = true;
@@ -244,7 +245,8 @@ TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
   const std::vector<std::int64_t> cu_q = {0, 1, 4, 4, 9}, cu_k = {0, 30, 31, 31, 130};
   const std::int64_t Hq = 4, Hkv = 2, E = 24, Ev = 8;
   const Tensor q = random_tensor(DType::float32, {Hq, 9, E}, rng);
-  const Tensor k = random_tensor(DType::float32, {Hkv, 130, E}, rng), v = random_tensor(DType::float32, {Hkv, 130, Ev}, rng);
+  const Tensor k = random_tensor(DType::float32, {Hkv, 130, E}, rng),
+               v = random_tensor(DType::float32, {Hkv, 130, Ev}, rng);
   const QuantizedKV k8 = quantize_kv(k.view()), v8 = quantize_kv(v.view());
   Options o;
   o.causal = Causal::bottom_right;
@@ -265,8 +267,8 @@ TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
     Options ob = o;
     ob.key_scale = rows(k8.scale.view(), cu_k[b], S);
     ob.value_scale = rows(v8.scale.view(), cu_k[b], S);
-    const ForwardResult alone = forward(rows(q.view(), cu_q[b], L), rows(k8.values.view(), cu_k[b], S),
-                                        rows(v8.values.view(), cu_k[b], S), ob);
+    const ForwardResult alone =
+        forward(rows(q.view(), cu_q[b], L), rows(k8.values.view(), cu_k[b], S), rows(v8.values.view(), cu_k[b], S), ob);
     const Tensor want = to_float64(alone.output.view());
     const Tensor got = to_float64(rows(packed.output.view(), cu_q[b], L));
     EXPECT_LE(max_abs_diff(got, want), 1e-6 * std::max(1.0, max_abs(want))) << "sequence " << b;
@@ -356,7 +358,8 @@ TEST(QuantizedKV, ErrorAgainstUnquantizedWithinTheDerivedBound) {
         quantized.backend = Backend::cpu;
         quantized.key_scale = k8.scale.view();
         quantized.value_scale = v8.scale.view();
-        const ForwardResult got = forward(q.view(), k8.values.view(), v8.values.view(), quantized, Returns{false, true});
+        const ForwardResult got =
+            forward(q.view(), k8.values.view(), v8.values.view(), quantized, Returns{false, true});
 
         const double scale = 1.0 / std::sqrt(static_cast<double>(s.E));
         const double kernel = 1e-5 * std::max(1.0, max_abs(want.output));
@@ -377,7 +380,8 @@ TEST(QuantizedKV, ErrorAgainstUnquantizedWithinTheDerivedBound) {
               double vmax = 0;
               for (std::int64_t j = 0; j < s.S; ++j) vmax = std::max(vmax, std::abs(v.get((hk * s.S + j) * s.Ev + d)));
               const double bound = std::expm1(2 * delta) * vmax + sv / 2 + kernel;
-              const double err = std::abs(got.output.get((h * s.L + i) * s.Ev + d) - want.output.get((h * s.L + i) * s.Ev + d));
+              const double err =
+                  std::abs(got.output.get((h * s.L + i) * s.Ev + d) - want.output.get((h * s.L + i) * s.Ev + d));
               EXPECT_LE(err, bound) << "h " << h << " i " << i << " d " << d;
               worst = std::max(worst, err / bound);
             }
@@ -402,6 +406,35 @@ TEST(QuantizedKV, BackwardRefusesInt8) {
   const Tensor dout = convert(fwd.output, DType::float32);
   const BackwardInputs in{c.q.view(), c.key(), c.value(), fwd.output.view(), fwd.lse.view(), dout.view()};
   expect_rejected_naming([&] { backward(in, {dq.view(), dk.view(), dv.view()}, c.options); }, "key", {&dq, &dk, &dv});
+}
+
+// Without its scales, an int8 key is still refused for what it is (the backward has no
+// int8 path), not for the scale it lacks: a caller told "key_scale: expected a scale"
+// would add one only to be refused again.
+TEST(QuantizedKV, BackwardRefusesInt8BeforeAskingForItsScale) {
+  Shape4 s;
+  Quantized c = make_quantized(s, DType::float32, 801);
+  const ForwardResult fwd = forward(c.q.view(), c.key(), c.value(), c.options, Returns{false, true});
+  Options unscaled = c.options;
+  unscaled.key_scale.reset();
+  unscaled.value_scale.reset();
+  Tensor dq(DType::float32, c.q.shape()), dk(DType::float32, c.k.shape()), dv(DType::float32, c.v.shape());
+  fill_with_sentinel({&dq, &dk, &dv});
+  const Tensor dout = convert(fwd.output, DType::float32);
+  const BackwardInputs in{c.q.view(), c.key(), c.value(), fwd.output.view(), fwd.lse.view(), dout.view()};
+  for (const auto& call :
+       std::vector<std::function<void()>>{[&] {
+                                            backward(in, {dq.view(), dk.view(), dv.view()}, unscaled);
+                                          },
+                                          [&] { backward(in, unscaled); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted an int8 key";
+    } catch (const Error& e) {
+      expect_error_names(e, "key", {"not supported by the backward"}, ErrorKind::type);
+    }
+  }
+  EXPECT_TRUE(untouched(dq) && untouched(dk) && untouched(dv));
 }
 
 }  // namespace
