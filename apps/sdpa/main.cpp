@@ -116,11 +116,12 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
                   "Query (..., Hq, L, E), float16/32/64 .npy; packed (Hq, total_q, E) with --cu-seqlens-q")
       ->required();
   run->add_option("--key,-k", a.key,
-                  "Key (..., Hkv, S, E), float or int8 (with --key-scale); Hq a multiple of Hkv (GQA). Packed (Hkv, total_k, E) with "
-                  "--cu-seqlens-k; pages (pages, Hkv, page_size, E) with --block-table")
+                  "Key (..., Hkv, S, E), float or int8 (with --key-scale); Hq a multiple of Hkv (GQA). "
+                  "Packed (Hkv, total_k, E) with --cu-seqlens-k; pages (pages, Hkv, page_size, E) with --block-table")
       ->required();
   run->add_option("--value,-v", a.value,
-                  "Value (..., Hkv, S, Ev); packed (Hkv, total_k, Ev) or pages (pages, Hkv, page_size, Ev) as --key")
+                  "Value (..., Hkv, S, Ev), float or int8 (with --value-scale); packed (Hkv, total_k, Ev) or pages "
+                  "(pages, Hkv, page_size, Ev) as --key")
       ->required();
   flags.mask_option =
       run->add_option("--mask,-m", flags.mask, "Mask .npy broadcastable to (..., Hq, L, S), bool or float");
@@ -156,12 +157,12 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       "--sinks", flags.sinks,
       "Attention sinks .npy, float32/64, (Hq,) or (batch..., Hq): one logit per query head in every row's "
       "softmax denominator, with no value (gpt-oss)");
-  flags.key_scale_option = run->add_option(
-      "--key-scale", flags.key_scale,
-      "Scales .npy of an int8 --key (sdpa.quantize_kv), float32, the key's shape without its last dim: "
-      "key = scale * q per (token, head)");
-  flags.value_scale_option = run->add_option("--value-scale", flags.value_scale,
-                                             "Scales .npy of an int8 --value, as --key-scale");
+  flags.key_scale_option =
+      run->add_option("--key-scale", flags.key_scale,
+                      "Scales .npy of an int8 --key (sdpa.quantize_kv), float32, the key's shape without its last dim: "
+                      "key = scale * q per (token, head)");
+  flags.value_scale_option =
+      run->add_option("--value-scale", flags.value_scale, "Scales .npy of an int8 --value, as --key-scale");
   run->add_option("--dropout-p", a.dropout_p, "Dropout probability on the weights, in [0, 1)")
       ->transform(kFinite)
       ->capture_default_str();

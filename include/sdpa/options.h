@@ -59,8 +59,9 @@ struct Options {
   // the key's (value's) shape without its last dim — (batch..., Hkv, S) — so that
   //   key[..., h, j, e] = key_scale[..., h, j] · q[..., h, j, e].
   // Required with an int8 key (value), refused otherwise; quantize_kv (sdpa/quantize.h)
-  // makes both. The kernels read the int8 rows and apply the scale to the score
-  // (scale_k[j] · q·k_j) and to the weight (scale_v[j] · p_j), never a dequantized copy.
+  // makes both; any scales are read as given. The float32 kernels read the int8 rows and
+  // apply the scale to the score (scale_k[j] · q·k_j) and to the weight (scale_v[j] · p_j),
+  // never a dequantized copy of K/V; float64 queries dequantize one tile at a time, exactly.
   // Inference only: backward() refuses int8 K/V.
   std::optional<TensorView> key_scale;
   std::optional<TensorView> value_scale;

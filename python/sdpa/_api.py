@@ -202,9 +202,10 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         sinks: attention sinks (gpt-oss), below.
         key_scale, value_scale: quantized K/V (sdpa.quantize_kv): with an int8 key
             (value), its float32 scale per (token, KV head), the key's shape without its
-            last dim; key[..., j, e] = key_scale[..., j] · q[..., j, e]. Read directly by
-            the kernels (the scale multiplies the score and the weight), never dequantized
-            into a copy. Inference only (no autograd).
+            last dim; key[..., j, e] = key_scale[..., j] · q[..., j, e], read as given. The
+            float32 kernels read the int8 rows in place (the scale multiplies the score and
+            the weight), never a dequantized copy of K/V; float64 queries dequantize one
+            tile at a time, exactly. Inference only (no autograd).
 
     Beyond PyTorch (FlashAttention's window_size, alibi_slopes and softcap). The score of
     query i and key j in query head h is
@@ -302,7 +303,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         without is_causal is "bottom_right", FlashAttention's). See sdpa.attention for the
         formula. Gradients flow through all of them;
       * int8 key / value with ``key_scale`` / ``value_scale`` (sdpa.quantize_kv; see
-        sdpa.attention), for inference: no autograd, and no batch broadcasting of them.
+        sdpa.attention), for inference: no autograd; a scale broadcasts along the batch
+        with its key / value.
 
     Raises:
         TypeError: a wrong dtype, or inputs of mixed frameworks.
