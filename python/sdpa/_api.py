@@ -522,22 +522,11 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     nhd = layout == "NHD"
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
     if key_scale is not None or value_scale is not None:
-        _inference_only(fw, "key_scale / value_scale", q, sink_logits)
+        _inference_only(fw, "key_scale / value_scale", q, kp, vp, sink_logits)
         if nhd:  # (pages, page_size, Hkv) read as (pages, Hkv, page_size)
             key_scale, value_scale = (s if s is None or s.ndim != 3 else fw.swap(s, 1, 2)
                                       for s in (key_scale, value_scale))
-        if isinstance(fw, _Torch):
-            q, kp, vp = q.detach(), kp.detach(), vp.detach()
-            sink_logits = None if sink_logits is None else sink_logits.detach()
-        if nhd:
-            kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
-        rows = tuple(q.shape[:-1])
-        output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
-        lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
-        _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options), key_scale,
-                            value_scale)
-        return (output, lse) if return_lse else output
-    if isinstance(fw, _Torch):
+    elif isinstance(fw, _Torch):
         from . import _autograd
 
         torch = fw.torch
@@ -548,11 +537,14 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
         if torch.compiler.is_compiling():
             output, lse = _autograd.paged(q, kp, vp, table, lengths, slopes, sink_logits, options, nhd=nhd)
             return (output, lse) if return_lse else output
+    if isinstance(fw, _Torch):  # no gradient is wanted past the checks above
+        q, kp, vp = q.detach(), kp.detach(), vp.detach()
         sink_logits = None if sink_logits is None else sink_logits.detach()
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
     rows = tuple(q.shape[:-1])
     output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
     lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
-    _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options))
+    _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options), key_scale,
+                        value_scale)
     return (output, lse) if return_lse else output

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "api/validate.h"
 #include "api/views.h"
 
 namespace sdpa::detail {
@@ -19,16 +20,7 @@ void check_float_operands(const std::vector<std::pair<const TensorView*, const c
                           const char* layout) {
   const DType dtype = operands.front().first->dtype;
   for (const auto& [view, name] : operands) {
-    // Keys and values (every operand after the query) may be int8 with a scale.
-    const bool quantized = view != operands.front().first && view->dtype == DType::int8 && is_float(dtype);
-    if (!is_float(view->dtype) && !quantized)
-      fail(name,
-           std::string("expected float16, bfloat16, float32 or float64") +
-               (view != operands.front().first ? " (or int8 with a scale)" : "") + ", got " + dtype_name(view->dtype),
-           ErrorKind::type);
-    if (view->dtype != dtype && !quantized)
-      fail(name, std::string("expected the query's dtype ") + dtype_name(dtype) + ", got " + dtype_name(view->dtype),
-           ErrorKind::type);
+    check_operand_dtype(*view, name, dtype, view != operands.front().first);  // keys and values follow the query
     if (view->rank() != rank)
       fail(name, std::string("expected ") + layout + ", got shape " + shape_string(view->shape));
     check_view(*view, name);

@@ -51,6 +51,18 @@ void check_kv_scale(const TensorView& tensor, const std::optional<TensorView>& s
   check_view(*scale, scale_name);
 }
 
+void check_operand_dtype(const TensorView& view, const char* name, DType query_dtype, bool key_or_value) {
+  const bool quantized = key_or_value && view.dtype == DType::int8 && is_float(query_dtype);
+  if (!is_float(view.dtype) && !quantized)
+    fail(name,
+         std::string("expected float16, bfloat16, float32 or float64") +
+             (key_or_value ? " (or int8 with a scale)" : "") + ", got " + dtype_name(view.dtype),
+         ErrorKind::type);
+  if (view.dtype != query_dtype && !quantized)
+    fail(name, std::string("expected the query's dtype ") + dtype_name(query_dtype) + ", got " + dtype_name(view.dtype),
+         ErrorKind::type);
+}
+
 void check_not_quantized(const TensorView& key, const TensorView& value, const std::string& what) {
   for (const auto& [view, name] : {std::pair{&key, "key"}, {&value, "value"}})
     if (view->dtype == DType::int8)
@@ -70,18 +82,7 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
   const char* names[] = {"query", "key", "value"};
   const TensorView* views[] = {&query, &key, &value};
   for (int t = 0; t < 3; ++t) {
-    // Key and value may also be int8 with their scales (check_kv_scale): quantized K/V.
-    const bool quantized = t > 0 && views[t]->dtype == DType::int8 && is_float(query.dtype);
-    if (!is_float(views[t]->dtype) && !quantized)
-      fail(names[t],
-           std::string("expected float16, bfloat16, float32 or float64") + (t > 0 ? " (or int8 with a scale)" : "") +
-               ", got " + dtype_name(views[t]->dtype),
-           ErrorKind::type);
-    if (views[t]->dtype != query.dtype && !quantized)
-      fail(
-          names[t],
-          std::string("expected the query's dtype ") + dtype_name(query.dtype) + ", got " + dtype_name(views[t]->dtype),
-          ErrorKind::type);
+    check_operand_dtype(*views[t], names[t], query.dtype, t > 0);
     if (views[t]->rank() < 2)
       fail(names[t], "expected rank >= 2 ((..., heads, seq, dim)), got shape " + shape_string(views[t]->shape));
     if (views[t]->rank() != query.rank())

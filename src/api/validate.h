@@ -34,6 +34,10 @@ struct CheckedInputs {
 void check_kv_scale(const TensorView& tensor, const std::optional<TensorView>& scale, const char* tensor_name,
                     const char* scale_name);
 
+// A query, key or value's dtype: floating point and the query's; a key or value may also
+// be int8 (its scale is check_kv_scale's). Errors name `name`.
+void check_operand_dtype(const TensorView& view, const char* name, DType query_dtype, bool key_or_value);
+
 // Refuses int8 K/V where `what` (the backward, ring attention) cannot read them.
 void check_not_quantized(const TensorView& key, const TensorView& value, const std::string& what);
 inline constexpr const char* kBackwardOfInt8 = "the backward (quantized K/V are for inference)";
