@@ -139,7 +139,7 @@ _AUTOGRAD = None
 
 def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
     if any(s is not None for s in scales):
-        _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks)
+        _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks, *scales)
     elif isinstance(fw, _Torch):
         _autograd = _autograd_module()
         if _autograd.wanted(q, k, v, mask, sinks):
@@ -437,7 +437,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
                              f"{tuple(s.shape)}")
     quantized = key_scale is not None or value_scale is not None
     if quantized:
-        _inference_only(fw, "key_scale / value_scale", q, k, v, sink_logits)
+        _inference_only(fw, "key_scale / value_scale", q, k, v, sink_logits, key_scale, value_scale)
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
@@ -522,7 +522,7 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     nhd = layout == "NHD"
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
     if key_scale is not None or value_scale is not None:
-        _inference_only(fw, "key_scale / value_scale", q, kp, vp, sink_logits)
+        _inference_only(fw, "key_scale / value_scale", q, kp, vp, sink_logits, key_scale, value_scale)
         if nhd:  # (pages, page_size, Hkv) read as (pages, Hkv, page_size)
             key_scale, value_scale = (s if s is None or s.ndim != 3 else fw.swap(s, 1, 2)
                                       for s in (key_scale, value_scale))

@@ -181,6 +181,27 @@ def test_int8_errors_name_the_argument():
         sdpa.attention(q.requires_grad_(), k8, v8, key_scale=ks, value_scale=vs)
 
 
+def test_a_scale_that_requires_grad_is_refused_not_silently_given_none():
+    """A scale is an input like any other: one that requires grad would get no gradient,
+    so the call is refused (it ran and left scale.grad None before)."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    k8, ks = sdpa.quantize_kv(k)
+    ks = ks.requires_grad_()
+    cu = [0, 5]
+    calls = [lambda: sdpa.attention(q, k8, k, key_scale=ks),
+             lambda: sdpa.scaled_dot_product_attention(q, k8, k, key_scale=ks),
+             lambda: sdpa.varlen_attention(q[0].transpose(0, 1), k8[0].transpose(0, 1), k[0].transpose(0, 1),
+                                           [0, 3], cu, key_scale=ks[0].transpose(0, 1)),
+             lambda: sdpa.paged_attention(q, k8.transpose(1, 2), k.transpose(1, 2), [[0]], [5], layout="NHD",
+                                          key_scale=ks.transpose(1, 2))]
+    for call in calls:
+        with pytest.raises(NotImplementedError, match="inference"):
+            call()
+    with torch.no_grad():  # and under no_grad they run
+        for call in calls:
+            call()
+
+
 def test_layer_int8_cache_within_the_derived_bound():
     """A small model decodes the same tokens with a float32 cache and an int8 one; each
     output differs by at most the attention bound of docs/numerics.md carried through the
