@@ -24,7 +24,8 @@ std::vector<Chunk> ordered_chunks(std::int64_t length, int ranks, Partition part
     for (const Segment& piece : pieces) {
       const std::int64_t begin = std::max(chunk.begin, piece.global);
       const std::int64_t end = std::min(chunk.end, piece.global + piece.rows);
-      if (begin < end) chunk.segments.push_back({piece.owner, begin, piece.local + (begin - piece.global), end - begin});
+      if (begin < end)
+        chunk.segments.push_back({piece.owner, begin, piece.local + (begin - piece.global), end - begin});
     }
     chunks.push_back(std::move(chunk));
   }

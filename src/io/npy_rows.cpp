@@ -83,7 +83,8 @@ NpyLayout read_npy_layout(const std::string& path) { return OpenNpy(path).layout
 Tensor read_npy_rows(const std::string& path, const std::vector<RowRange>& rows, std::vector<std::int64_t>* shape) {
   const OpenNpy file(path);
   const NpyLayout& layout = file.layout;
-  if (layout.shape.size() < 2) fail(path, "expected rank >= 2 ((..., seq, dim)) for a row read, got " + shape_text(layout.shape));
+  if (layout.shape.size() < 2)
+    fail(path, "expected rank >= 2 ((..., seq, dim)) for a row read, got " + shape_text(layout.shape));
   if (layout.fortran_order) fail(path, "expected C order for a row read (np.ascontiguousarray), got Fortran order");
   const std::size_t d = layout.shape.size() - 2;
   const std::int64_t length = layout.shape[d], cols = layout.shape[d + 1];
@@ -108,7 +109,8 @@ Tensor read_npy_rows(const std::string& path, const std::vector<RowRange>& rows,
       check_bools(out, count, layout.dtype, path, first);
       out += count;
     }
-  if (layout.swap) byte_swap(static_cast<std::byte*>(tensor.data()), static_cast<std::size_t>(tensor.numel()), layout.itemsize);
+  if (layout.swap)
+    byte_swap(static_cast<std::byte*>(tensor.data()), static_cast<std::size_t>(tensor.numel()), layout.itemsize);
   if (shape) *shape = layout.shape;
   return tensor;
 }

@@ -70,8 +70,7 @@ Options attention_options(const MultiHeadAttentionConfig& c, const AttentionCall
 // refuses what sdpa::forward would, in the same words, before any work. Its errors name the
 // field where the layer's caller set it: options.<field> becomes <owner>.<field> ("config"
 // or "call"), dropout_p the config's dropout.
-void check_attention_options(const Options& options, DType dtype, const std::string& owner,
-                             std::int64_t heads_q = 0) {
+void check_attention_options(const Options& options, DType dtype, const std::string& owner, std::int64_t heads_q = 0) {
   try {
     sdpa::detail::check_options(options, dtype);
     // The (Hq,) per-head tensors (ALiBi slopes, sinks), whatever the batch: a sink too
@@ -167,8 +166,9 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config) :
 
 KVCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity, std::optional<DType> dtype) const {
   if (dtype && *dtype != config_.dtype && *dtype != DType::int8)
-    fail("dtype", std::string("expected the layer's dtype ") + dtype_name(config_.dtype) + " or int8, got " +
-                      dtype_name(*dtype), ErrorKind::type);
+    fail("dtype",
+         std::string("expected the layer's dtype ") + dtype_name(config_.dtype) + " or int8, got " + dtype_name(*dtype),
+         ErrorKind::type);
   return KVCache(dtype.value_or(config_.dtype), batch, config_.num_kv_heads, config_.head_dim, config_.head_dim,
                  capacity);
 }
@@ -215,11 +215,11 @@ AttentionResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   KVCache* cache = call.cache;
   if (cache != nullptr) {
     const TensorView cached = cache->keys();
-    if ((cached.dtype != c.dtype && cached.dtype != DType::int8) || cached.shape[0] != batch || cached.shape[1] != Hkv || cached.shape[3] != D ||
-        cache->values().shape[3] != D) {
-      fail("call.cache", "expected a cache of " + std::string(dtype_name(c.dtype)) + " or int8 (" + std::to_string(batch) +
-                             ", " + std::to_string(Hkv) + ", T, " + std::to_string(D) + ") (make_cache), got " +
-                             dtype_name(cached.dtype) + " " + shape_text(cached.shape));
+    if ((cached.dtype != c.dtype && cached.dtype != DType::int8) || cached.shape[0] != batch ||
+        cached.shape[1] != Hkv || cached.shape[3] != D || cache->values().shape[3] != D) {
+      fail("call.cache", "expected a cache of " + std::string(dtype_name(c.dtype)) + " or int8 (" +
+                             std::to_string(batch) + ", " + std::to_string(Hkv) + ", T, " + std::to_string(D) +
+                             ") (make_cache), got " + dtype_name(cached.dtype) + " " + shape_text(cached.shape));
     }
   }
   const std::int64_t past = cache != nullptr ? cache->length() : 0;

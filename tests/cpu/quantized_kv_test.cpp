@@ -24,7 +24,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A call's K and V quantized (either or both), with the options that read them.
 struct Quantized {
-  Tensor q, k, v;      // the query and the unquantized K/V (float32)
+  Tensor q, k, v;      // the query and the unquantized K/V (the query's dtype)
   QuantizedKV k8, v8;  // int8 and scales
   Tensor mask;
   Options options;
@@ -42,9 +42,8 @@ Quantized make_quantized(const Shape4& s, DType query_dtype, std::uint64_t seed,
   std::mt19937_64 rng(seed);
   Quantized c;
   c.q = random_tensor(query_dtype, {s.B, s.Hq, s.L, s.E}, rng);
-  const DType kv_dtype = query_dtype == DType::float64 ? DType::float64 : query_dtype;
-  c.k = random_tensor(kv_dtype, {s.B, s.Hkv, s.S, s.E}, rng);
-  c.v = random_tensor(kv_dtype, {s.B, s.Hkv, s.S, s.Ev}, rng);
+  c.k = random_tensor(query_dtype, {s.B, s.Hkv, s.S, s.E}, rng);  // as the query's, quantized below
+  c.v = random_tensor(query_dtype, {s.B, s.Hkv, s.S, s.Ev}, rng);
   c.int8_key = int8_key;
   c.int8_value = int8_value;
   c.k8 = quantize_kv(c.k.view());
