@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "common/problem.h"
-#include "cpu/simd/bf16_kernels.h"
 #include "cpu/scratch.h"
+#include "cpu/simd/bf16_kernels.h"
 #include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -84,7 +84,7 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
-  std::vector<const std::int8_t*> k_rows, v_rows;        // int8 decode: the tile's rows in place
+  std::vector<const std::int8_t*> k_rows, v_rows;       // int8 decode: the tile's rows in place
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -290,7 +290,8 @@ class Task {
     }
     const auto E = static_cast<std::size_t>(p_.E);
     float* q_rows = s_.row_major.get();  // zero past the subtile's rows: their lanes compute 0
-    for (std::int64_t r = 0; r < rows; ++r) LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
+    for (std::int64_t r = 0; r < rows; ++r)
+      LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
     std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);
     float* qt = t.qt.get();
     Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
@@ -518,7 +519,7 @@ class Task {
   const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of an int8 decode task (int8_rows-inl.h), else 0
-  KeyRows values_;  // V rows of the current key tile
+  KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
 };
@@ -541,39 +542,50 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
 
   // Each task owns its rows of every output and computes them the same way whichever
   // thread runs it: bitwise the same results for any thread count.
-  thread_local ScratchCache<kVectors> cache;
-  const std::vector<std::unique_ptr<Scratch<kVectors>>>& scratch_of_thread =
-      cache.Get(first, bf16_path, schedule.units > 1 ? threads : 1);
-#pragma omp parallel num_threads(threads) if (schedule.units > 1)
-  {
-    Scratch<kVectors>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t u = 0; u < schedule.units; ++u) {
-      const ForwardPlan& plan = schedule.plan_of_unit(u);
-      Task<kVectors> task(*plan.p, scratch, bf16_path);
-      const std::int64_t t = (u - plan.first_unit) / plan.splits, split = (u - plan.first_unit) % plan.splits;
-      std::int64_t b, head_kv, row0;
-      plan.locate(t, rows_per_task, &b, &head_kv, &row0);
-      const std::int64_t rows = std::min(rows_per_task, plan.group_rows - row0);
-      if (plan.splits == 1) {
-        task.Run(b, head_kv, row0, rows);
-        continue;
-      }
-      std::int64_t key_begin, key_end;
-      plan.split_range(split, &key_begin, &key_end);
-      task.Attend(b, head_kv, row0, rows, key_begin, key_end);
-      task.SaveState(states.get() + plan.first_state + (t * plan.splits + split) * state_size);
+  const auto run_unit = [&](Scratch<kVectors>& scratch, std::int64_t u) {
+    const ForwardPlan& plan = schedule.plan_of_unit(u);
+    Task<kVectors> task(*plan.p, scratch, bf16_path);
+    const std::int64_t t = (u - plan.first_unit) / plan.splits, split = (u - plan.first_unit) % plan.splits;
+    std::int64_t b, head_kv, row0;
+    plan.locate(t, rows_per_task, &b, &head_kv, &row0);
+    const std::int64_t rows = std::min(rows_per_task, plan.group_rows - row0);
+    if (plan.splits == 1) {
+      task.Run(b, head_kv, row0, rows);
+      return;
     }
-    if (schedule.merges > 0) {
+    std::int64_t key_begin, key_end;
+    plan.split_range(split, &key_begin, &key_end);
+    task.Attend(b, head_kv, row0, rows, key_begin, key_end);
+    task.SaveState(states.get() + plan.first_state + (t * plan.splits + split) * state_size);
+  };
+  const auto run_merge = [&](Scratch<kVectors>& scratch, std::int64_t m) {
+    const ForwardPlan& plan = schedule.plan_of_merge(m);
+    Task<kVectors> task(*plan.p, scratch, bf16_path);
+    const std::int64_t t = m - plan.first_merge;
+    std::int64_t b, head_kv, row0;
+    plan.locate(t, rows_per_task, &b, &head_kv, &row0);
+    task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, plan.group_rows - row0),
+                       states.get() + plan.first_state + t * plan.splits * state_size, plan.splits);
+  };
+
+  thread_local ScratchCache<kVectors> cache;
+  const bool parallel = schedule.units > 1 && threads > 1;
+  const std::vector<std::unique_ptr<Scratch<kVectors>>>& scratch_of_thread =
+      cache.Get(first, bf16_path, parallel ? threads : 1);
+  if (!parallel) {
+    // One thread runs it all without entering an OpenMP region: even a team of one costs
+    // libgomp's team setup and a futex call, a fifth of a tiny call (docs/performance.md).
+    for (std::int64_t u = 0; u < schedule.units; ++u) run_unit(*scratch_of_thread[0], u);
+    for (std::int64_t m = 0; m < schedule.merges; ++m) run_merge(*scratch_of_thread[0], m);
+  } else {
+#pragma omp parallel num_threads(threads)
+    {
+      Scratch<kVectors>& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t m = 0; m < schedule.merges; ++m) {
-        const ForwardPlan& plan = schedule.plan_of_merge(m);
-        Task<kVectors> task(*plan.p, scratch, bf16_path);
-        const std::int64_t t = m - plan.first_merge;
-        std::int64_t b, head_kv, row0;
-        plan.locate(t, rows_per_task, &b, &head_kv, &row0);
-        task.MergeAndStore(b, head_kv, row0, std::min(rows_per_task, plan.group_rows - row0),
-                           states.get() + plan.first_state + t * plan.splits * state_size, plan.splits);
+      for (std::int64_t u = 0; u < schedule.units; ++u) run_unit(scratch, u);
+      if (schedule.merges > 0) {
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t m = 0; m < schedule.merges; ++m) run_merge(scratch, m);
       }
     }
   }
