@@ -43,7 +43,7 @@ class _Torch:
             raise TypeError(f"{name}: expected a strided (dense) tensor, got layout {x.layout}")
         if x.is_quantized:  # DLPack has no quantized types
             raise TypeError(f"{name}: expected a tensor of plain numbers, got the quantized dtype {x.dtype}")
-        if x.device.type != "cpu":
+        if not x.is_cpu:  # (is_cpu: a fraction of device.type's time, for every tensor of every call)
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device} (sdpa has no GPU backend yet)")
         # A tensor that requires grad stays attached: _run sends it through the autograd op
         # (sdpa/_autograd.py), or detaches it (a view, no copy) when no gradient is wanted.

@@ -192,8 +192,24 @@ def make_options(fw, *, causal=None, scale=None, dropout_p=0.0, seed=None, windo
     keyword as the caller spelled it; the ranges are the library's to check. `seed` None
     draws one from the caller's framework (`fw`) when dropout_p > 0. The fields no public
     function takes (offset, backend, num_threads) keep sdpa::Options' defaults."""
+    if (scale is None and seed is None and alignment is None and type(dropout_p) is float and dropout_p == 0.0
+            and type(softcap) is float and softcap == 0.0 and type(window_size) is tuple and window_size == (-1, -1)
+            and type(window_size[0]) is int and type(window_size[1]) is int and (causal is None or type(causal) is str)):
+        # The common call (a model's thousands): the keywords' defaults but causal, whose
+        # Options the checks below made once (_PLAIN); building them costs microseconds.
+        plain = _PLAIN.get(causal)
+        if plain is not None:
+            return plain
+    return _checked_options(fw, causal, scale, dropout_p, seed, window_size, alignment, softcap)
+
+
+def _checked_options(fw, causal, scale, dropout_p, seed, window_size, alignment, softcap) -> Options:
     dropout_p = _dropout(dropout_p)
     window_left, window_right = _window(window_size)
     return Options(causal=_causal(causal), scale=_scale(scale), window_left=window_left, window_right=window_right,
                    alignment=_alignment(alignment), softcap=_softcap(softcap), dropout_p=dropout_p,
                    seed=_seed(fw, seed, dropout_p))
+
+
+# make_options' result for each causal value, every other keyword at its default.
+_PLAIN = {causal: _checked_options(None, causal, None, 0.0, None, (-1, -1), None, 0.0) for causal in _CAUSAL}

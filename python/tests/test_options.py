@@ -74,6 +74,12 @@ WRONG_TYPED_OPTIONS = [
     ("dropout_p", "0.1", TypeError, "dropout_p: expected a float, got str"),
     ("seed", 1.5, TypeError, "seed: expected an int or None, got float"),
     ("causal", True, ValueError, "causal: expected None, 'top_left' or 'bottom_right', got True"),
+    # Equal to a default but of another type: refused, not taken for the default (make_options'
+    # shortcut for the default keywords compares types as well as values).
+    ("window_size", (-1.0, -1), TypeError, "window_size[0]: expected an int (-1 = unbounded), got float"),
+    ("dropout_p", False, TypeError, "dropout_p: expected a float, got bool"),
+    ("softcap", False, TypeError, "softcap: expected a float (0 = off), got bool"),
+    ("causal", "none", ValueError, "causal: expected None, 'top_left' or 'bottom_right', got 'none'"),
 ]
 
 
@@ -115,3 +121,12 @@ def test_calls_with_dropout_leave_the_options_cache_alone():
     assert after.currsize == before.currsize and after.misses == before.misses
     sdpa.attention(q, q, q)
     assert _options._cached_core.cache_info().hits == after.hits + 1
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_the_default_keywords_shortcut_gives_what_the_checks_give(causal):
+    """make_options returns a prebuilt Options for the default keywords: the same one the
+    full checks build (and the -0.0 / 0 forms that are not defaults take the checks)."""
+    shortcut = _options.make_options(None, causal=causal)
+    assert shortcut == _options._checked_options(None, causal, None, 0.0, None, (-1, -1), None, 0.0)
+    assert shortcut == _options.make_options(None, causal=causal, dropout_p=0, softcap=0, window_size=[-1, -1])
