@@ -72,6 +72,8 @@ def _integers(fw, name, x):
 def _scales(fw, key_scale, value_scale):
     """The scales of int8 key / value (float32, the tensor's shape without its last dim;
     checked by the library), read in place; None when absent."""
+    if key_scale is None and value_scale is None:  # most calls: no generator to run
+        return None, None
     return tuple(None if s is None else fw.prepare(name, s)
                  for name, s in (("key_scale", key_scale), ("value_scale", value_scale)))
 

@@ -25,8 +25,9 @@ class _Torch:
     """Inputs and outputs as torch tensors (CPU, strided layout)."""
 
     def __init__(self):
-        # Made for every call: torch is imported by then (the caller's tensors are torch's),
-        # and so is torch.utils.dlpack (torch.from_dlpack comes from it).
+        # Made on the first torch call (_framework keeps it; it holds no state of a call):
+        # torch is imported by then (the caller's tensors are torch's), and so is
+        # torch.utils.dlpack (torch.from_dlpack comes from it).
         self.torch = _torch_module()
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
 
@@ -147,4 +148,12 @@ class _NumPy:
 
 
 def _framework(query):
-    return _Torch() if _is_torch_tensor(query) else _NumPy()
+    global _TORCH
+    if not _is_torch_tensor(query):
+        return _NumPy()
+    if _TORCH is None:
+        _TORCH = _Torch()
+    return _TORCH
+
+
+_TORCH = None
