@@ -138,7 +138,10 @@ struct Problem {
   }
   // The same for `work` multiply-adds in all (a varlen or paged call's sequences).
   static int threads_for(double work, int num_threads, int default_threads) {
-    constexpr double kSerialWork = 1 << 20;
+    // 2^18 (it was 2^20): a (1, 12, 16, 64) float32 forward (2^18.6) took 34 µs on one
+    // thread and 23 µs on two, calls back to back, and no longer after 2 ms idle gaps
+    // (docs/performance.md, "Threads").
+    constexpr double kSerialWork = 1 << 18;
     if (work < kSerialWork) return 1;
     return num_threads > 0 ? num_threads : default_threads;
   }
