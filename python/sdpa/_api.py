@@ -78,6 +78,15 @@ def _scales(fw, key_scale, value_scale):
                  for name, s in (("key_scale", key_scale), ("value_scale", value_scale)))
 
 
+def _scales_like(key_scale, value_scale, key, value, layout):
+    """Each scale has its tensor's shape without the last dim, checked in the caller's
+    layout (a packed or NHD call hands the library swapped views, and its message would
+    show those)."""
+    for name, s, tensor in (("key_scale", key_scale, key), ("value_scale", value_scale, value)):
+        if s is not None and tuple(s.shape) != tuple(tensor.shape[:-1]):
+            raise ValueError(f"{name}: expected {layout} = {tuple(tensor.shape[:-1])}, got shape {tuple(s.shape)}")
+
+
 def _inference_only(fw, what, *tensors):
     """Quantized K/V have no backward: a call that would need one is refused up front."""
     if isinstance(fw, _Torch):
@@ -205,9 +214,10 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         key_scale, value_scale: quantized K/V (sdpa.quantize_kv): with an int8 key
             (value), its float32 scale per (token, KV head), the key's shape without its
             last dim; key[..., j, e] = key_scale[..., j] · q[..., j, e], read as given. The
-            float32 kernels read the int8 rows in place (the scale multiplies the score and
-            the weight), never a dequantized copy of K/V; float64 queries dequantize one
-            tile at a time, exactly. Inference only (no autograd).
+            float32 kernels read the int8 rows in place when decoding and widen them tile
+            by tile otherwise (the scale multiplies the score and the weight), never a
+            dequantized copy of K/V; float64 queries dequantize one tile at a time, exactly.
+            Inference only (no autograd).
 
     Beyond PyTorch (FlashAttention's window_size, alibi_slopes and softcap). The score of
     query i and key j in query head h is
@@ -253,7 +263,8 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
             or non-finite softcap, alibi_slopes of the wrong shape, an alignment that
             contradicts causal, NumPy strides that are no whole number of elements (a field
             of a structured array). Nothing is written then.
-        NotImplementedError: return_weights or out with inputs that require grad.
+        NotImplementedError: return_weights or out with inputs that require grad; int8
+            key / value with inputs (scales included) that require grad.
     """
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
@@ -420,6 +431,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
         TypeError: a wrong dtype (of the tensors or of cu_seqlens), mixed frameworks.
         ValueError: ranks or shapes that do not fit, cu_seqlens that are not a valid
             partition of the packed rows, and the option errors of sdpa.attention.
+        NotImplementedError: int8 key / value with inputs (scales included) that require grad.
     """
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
@@ -432,11 +444,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
-    for name, s, tensor in (("key_scale", key_scale, k), ("value_scale", value_scale, v)):
-        # Checked in the caller's layout: the library sees (Hkv, total_k) and would say so.
-        if s is not None and tuple(s.shape) != tuple(tensor.shape[:-1]):
-            raise ValueError(f"{name}: expected (total_k, Hkv) = {tuple(tensor.shape[:-1])}, got shape "
-                             f"{tuple(s.shape)}")
+    _scales_like(key_scale, value_scale, k, v, "(total_k, Hkv)")
     quantized = key_scale is not None or value_scale is not None
     if quantized:
         _inference_only(fw, "key_scale / value_scale", q, k, v, sink_logits, key_scale, value_scale)
@@ -525,9 +533,10 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
     if key_scale is not None or value_scale is not None:
         _inference_only(fw, "key_scale / value_scale", q, kp, vp, sink_logits, key_scale, value_scale)
+        _scales_like(key_scale, value_scale, kp, vp, "(pages, Hkv, page_size)" if layout == "HND"
+                     else "(pages, page_size, Hkv)")
         if nhd:  # (pages, page_size, Hkv) read as (pages, Hkv, page_size)
-            key_scale, value_scale = (s if s is None or s.ndim != 3 else fw.swap(s, 1, 2)
-                                      for s in (key_scale, value_scale))
+            key_scale, value_scale = (s if s is None else fw.swap(s, 1, 2) for s in (key_scale, value_scale))
     elif isinstance(fw, _Torch):
         from . import _autograd
 

@@ -125,8 +125,13 @@ def test_calls_with_dropout_leave_the_options_cache_alone():
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 def test_the_default_keywords_shortcut_gives_what_the_checks_give(causal):
-    """make_options returns a prebuilt Options for the default keywords: the same one the
-    full checks build (and the -0.0 / 0 forms that are not defaults take the checks)."""
+    """make_options returns a prebuilt Options for the default keywords, equal to the
+    Options written out field by field, and to what the full checks give for the same
+    values in other types (an int 0, a list window), which do not take the shortcut."""
     shortcut = _options.make_options(None, causal=causal)
-    assert shortcut == _options._checked_options(None, causal, None, 0.0, None, (-1, -1), None, 0.0)
-    assert shortcut == _options.make_options(None, causal=causal, dropout_p=0, softcap=0, window_size=[-1, -1])
+    assert shortcut is _options._PLAIN[causal]
+    written_out = _options.Options(causal=causal or "none", scale=None, window_left=-1, window_right=-1,
+                                   alignment=None, softcap=0.0, dropout_p=0.0, seed=0)
+    assert shortcut == written_out
+    checked = _options.make_options(None, causal=causal, dropout_p=0, softcap=0, window_size=[-1, -1])
+    assert checked is not shortcut and checked == written_out

@@ -181,6 +181,48 @@ def test_int8_errors_name_the_argument():
         sdpa.attention(q.requires_grad_(), k8, v8, key_scale=ks, value_scale=vs)
 
 
+def test_scales_and_values_are_read_as_given():
+    """-128 (which quantize_kv never writes), a NaN key scale and an infinite value scale
+    give what the formula gives on the dequantized K/V, NaN and infinities where it has them
+    (docs/semantics.md)."""
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 3, 3, 16, generator=gen)  # head 2 stays finite
+    (k8, ks), (v8, vs) = sdpa.quantize_kv(torch.randn(1, 3, 9, 16, generator=gen)), \
+        sdpa.quantize_kv(torch.randn(1, 3, 9, 16, generator=gen))
+    k8[0, 2, 2, 5] = -128
+    v8[0, 2, 4, :] = -128
+    ks[0, 1, 6] = math.nan
+    vs[0, 0, 3] = math.inf
+    out = oracle.to64(sdpa.attention(q, k8, v8, key_scale=ks, value_scale=vs))
+    # The plain formula (the oracle reads a NaN row as fully masked; PyTorch's formula,
+    # like the library, carries the NaN).
+    scores = oracle.to64(q) @ dequantized(k8, ks).transpose(-1, -2) / math.sqrt(16)
+    reference = torch.softmax(scores, dim=-1) @ dequantized(v8, vs)
+    assert torch.isnan(reference[0, 1]).all() and torch.isinf(reference[0, 0]).any()  # the cases are live
+    assert torch.equal(torch.isnan(out), torch.isnan(reference))
+    assert torch.equal(torch.isinf(out), torch.isinf(reference)) and torch.equal(out[torch.isinf(out)],
+                                                                                 reference[torch.isinf(reference)])
+    finite = torch.isfinite(reference)
+    assert finite[0, 2].all()
+    assert torch.all((out[finite] - reference[finite]).abs() <= tolerance(torch.float32, reference[finite]))
+
+
+def test_paged_nhd_scale_errors_show_the_callers_layout():
+    """An NHD call's scales go to the library swapped; a wrong shape is reported as the
+    caller passed it (it showed the swapped shape before)."""
+    q, pages = torch.randn(1, 2, 1, 8), torch.randn(3, 4, 2, 8)  # NHD: (pages, page_size, Hkv, E)
+    (k8, ks), (v8, vs) = sdpa.quantize_kv(pages), sdpa.quantize_kv(pages)
+    with pytest.raises(ValueError, match=r"^key_scale: expected \(pages, page_size, Hkv\) = \(3, 4, 2\), "
+                                         r"got shape \(3, 2, 4\)"):
+        sdpa.paged_attention(q, k8, v8, [[0, 1]], [6], layout="NHD", key_scale=ks.transpose(1, 2), value_scale=vs)
+    out = sdpa.paged_attention(q, k8, v8, [[0, 1]], [6], layout="NHD", key_scale=ks, value_scale=vs)
+    rows = [(j // 4, j % 4) for j in range(6)]
+    k64 = torch.stack([dequantized(k8, ks)[p, r] for p, r in rows], 1)  # (Hkv, 6, E)
+    v64 = torch.stack([dequantized(v8, vs)[p, r] for p, r in rows], 1)
+    reference, _, _ = oracle.extended_attention(oracle.to64(q), k64.unsqueeze(0), v64.unsqueeze(0))
+    assert torch.all((oracle.to64(out) - reference).abs() <= tolerance(torch.float32, reference))
+
+
 def test_a_scale_that_requires_grad_is_refused_not_silently_given_none():
     """A scale is an input like any other: one that requires grad would get no gradient,
     so the call is refused (it ran and left scale.grad None before)."""

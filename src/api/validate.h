@@ -71,6 +71,8 @@ CheckedInputs check_backward_inputs(const TensorView& query, const TensorView& k
 // Checks the backward's read-only tensors (output, lse, grad_output: shapes and dtypes
 // as the forward gives them, any strides) and the gradient buffers (shapes and dtypes of
 // query, key, value, the mask and the sinks, no overlap), and resolves everything.
+// `inputs` must come from check_backward_inputs (or, per sequence, after the packed
+// call's check_not_quantized): int8 K/V are not refused here.
 CheckedBackward make_backward_problem(const CheckedInputs& inputs, const BackwardInputs& tensors,
                                       const BackwardOutputs& outputs);
 

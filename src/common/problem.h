@@ -138,9 +138,11 @@ struct Problem {
   }
   // The same for `work` multiply-adds in all (a varlen or paged call's sequences).
   static int threads_for(double work, int num_threads, int default_threads) {
-    // 2^18 (it was 2^20): a (1, 12, 16, 64) float32 forward (2^18.6) took 34 µs on one
-    // thread and 23 µs on two, calls back to back, and no longer after 2 ms idle gaps
-    // (docs/performance.md, "Threads").
+    // 2^18 (it was 2^20), measured on the SIMD forward: a (1, 12, 16, 64) float32 call
+    // (2^18.6) took 34 µs on one thread and 23 µs on two, calls back to back; two threads
+    // were not slower with 2 ms idle gaps between calls (86–89 against 105–111 µs).
+    // Under oversubscription a team can wait a scheduler time slice at a barrier
+    // (bench/RESULTS.md), as it could above 2^20 before (docs/performance.md, "Threads").
     constexpr double kSerialWork = 1 << 18;
     if (work < kSerialWork) return 1;
     return num_threads > 0 ? num_threads : default_threads;

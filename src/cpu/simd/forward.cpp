@@ -574,7 +574,8 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
       cache.Get(first, bf16_path, parallel ? threads : 1);
   if (!parallel) {
     // One thread runs it all without entering an OpenMP region: even a team of one costs
-    // libgomp's team setup and a futex call, a fifth of a tiny call (docs/performance.md).
+    // libgomp's team setup and a futex call, a fifth of a (1, 1, 1, 8) call's CPU time
+    // (docs/performance.md, "Threads").
     for (std::int64_t u = 0; u < schedule.units; ++u) run_unit(*scratch_of_thread[0], u);
     for (std::int64_t m = 0; m < schedule.merges; ++m) run_merge(*scratch_of_thread[0], m);
   } else {
