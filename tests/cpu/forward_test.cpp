@@ -6,10 +6,13 @@
 #include <omp.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include "testing/expectations.h"
 
@@ -60,8 +63,8 @@ TEST(CpuForward, GqaRatiosMatchOracle) {
 
 TEST(CpuForward, EveryMaskBroadcastShapeBoolAndFloat) {
   // Q (B=2, Hq=3, L=5, E), K/V (2, 3, S=7, ·): masks broadcast to (2, 3, 5, 7).
-  const Shape shapes[] = {{7}, {1}, {5, 7}, {5, 1}, {1, 7}, {3, 1, 7}, {3, 5, 7}, {1, 5, 7},
-                          {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
+  const Shape shapes[] = {{7},       {1},          {5, 7},       {5, 1},       {1, 7},       {3, 1, 7},   {3, 5, 7},
+                          {1, 5, 7}, {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
   for (const Shape& shape : shapes)
     for (auto kind : {Case::Mask::boolean, Case::Mask::additive}) {
       Case c;
@@ -138,10 +141,10 @@ TEST(CpuForward, ConsecutiveCallsOfChangingShapesMatchOracle) {
     std::int64_t L, E, Ev;
     double dropout_p;
   };
-  const Step steps[] = {{DType::float32, 33, 16, 16, 0.0},  {DType::float32, 33, 16, 16, 0.3},
-                        {DType::float32, 33, 96, 40, 0.3},  {DType::bfloat16, 65, 96, 40, 0.0},
-                        {DType::float32, 1, 96, 40, 0.0},   {DType::float32, 33, 16, 16, 0.0},
-                        {DType::float16, 1, 130, 8, 0.5},   {DType::float32, 65, 16, 130, 0.0}};
+  const Step steps[] = {{DType::float32, 33, 16, 16, 0.0}, {DType::float32, 33, 16, 16, 0.3},
+                        {DType::float32, 33, 96, 40, 0.3}, {DType::bfloat16, 65, 96, 40, 0.0},
+                        {DType::float32, 1, 96, 40, 0.0},  {DType::float32, 33, 16, 16, 0.0},
+                        {DType::float16, 1, 130, 8, 0.5},  {DType::float32, 65, 16, 130, 0.0}};
   for (const Step& step : steps) {
     Case c;
     c.dtype = step.dtype;
@@ -171,7 +174,8 @@ TEST(CpuForward, RankThreeAndRankFiveInputs) {
 // never NaN (PyTorch >= 2.5, FlashAttention).
 TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfNeverNaN) {
   std::mt19937_64 rng(5);
-  const Tensor q = random_tensor(DType::float32, {1, 2, 6, 8}, rng), k = random_tensor(DType::float32, {1, 2, 4, 8}, rng),
+  const Tensor q = random_tensor(DType::float32, {1, 2, 6, 8}, rng),
+               k = random_tensor(DType::float32, {1, 2, 4, 8}, rng),
                v = random_tensor(DType::float32, {1, 2, 4, 8}, rng);
   Tensor bool_mask = random_bool({6, 4}, rng, 0.8);
   Tensor float_mask = random_tensor(DType::float32, {6, 4}, rng);
@@ -272,7 +276,8 @@ TEST(CpuForward, LargeLogitsStayFiniteWithinTheConditioningBound) {
 TEST(CpuForward, NaNInUnmaskedInputsPropagates) {
   std::mt19937_64 rng(9);
   for (int where = 0; where < 3; ++where) {
-    Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng), k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
+    Tensor q = random_tensor(DType::float32, {1, 1, 70, 16}, rng),
+           k = random_tensor(DType::float32, {1, 1, 90, 16}, rng),
            v = random_tensor(DType::float32, {1, 1, 90, 16}, rng);
     (where == 0 ? q : where == 1 ? k : v).set(5 * 16 + 3, std::numeric_limits<double>::quiet_NaN());
     Options options;
@@ -311,7 +316,8 @@ TEST(CpuForward, NaNPayloadsPropagate) {
 TEST(CpuForward, StrideZeroBroadcastInputs) {
   std::mt19937_64 rng(10);
   const Tensor q = random_tensor(DType::float32, {3, 2, 9, 8}, rng);
-  const Tensor k1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng), v1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng);
+  const Tensor k1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng),
+               v1 = random_tensor(DType::float32, {1, 2, 11, 8}, rng);
   TensorView k = k1.view(), v = v1.view();
   k.shape[0] = v.shape[0] = 3;
   k.strides[0] = v.strides[0] = 0;
@@ -346,6 +352,46 @@ TEST(CpuForward, BitwiseDeterministicAcrossThreadCounts) {
   c.causal = Causal::bottom_right;
   c.dropout_p = 0.3;
   expect_forward_deterministic_across_threads(make_inputs(c, 12));
+}
+
+// A caller's own OpenMP threads each calling the library (a server's request threads,
+// a data loader): every call gives the bits a lone call gives, whether it runs on one
+// thread (no region of its own: a worksharing loop there would bind to the caller's team
+// and share out its iterations among the caller's threads) or opens its own (nested,
+// so a team of one). Problems on both sides of the serial threshold, float32 and float64.
+TEST(CpuForward, CallsFromTheCallersParallelRegionGiveTheLoneCallsBits) {
+  std::vector<Inputs> problems;
+  for (const auto& [dtype, heads, L, S] : {std::tuple{DType::float32, 2, 3, 5},
+                                           {DType::float32, 12, 16, 16},
+                                           {DType::float32, 4, 70, 90},
+                                           {DType::float64, 2, 3, 5},
+                                           {DType::float64, 4, 40, 50},
+                                           {DType::bfloat16, 2, 1, 300}}) {
+    Case c;
+    c.dtype = dtype;
+    c.batch = {1};
+    c.heads_q = heads, c.heads_kv = heads, c.L = L, c.S = S, c.E = 16, c.Ev = 8;
+    c.causal = Causal::bottom_right;
+    problems.push_back(make_inputs(c, 40 + problems.size()));
+  }
+  std::vector<ForwardResult> alone;
+  for (const Inputs& in : problems)
+    alone.push_back(forward(in.qv(), in.kv(), in.vv(), in.options, Returns{false, true}));
+  std::atomic<int> mismatches{0}, calls{0}, team{0};
+#pragma omp parallel num_threads(4)
+  {
+    team = omp_get_num_threads();
+    const auto thread = static_cast<std::size_t>(omp_get_thread_num());
+    for (std::size_t round = 0; round < 3 * problems.size(); ++round) {
+      const std::size_t n = (thread + round) % problems.size();  // the threads' problems differ at each step
+      const Inputs& in = problems[n];
+      const ForwardResult r = forward(in.qv(), in.kv(), in.vv(), in.options, Returns{false, true});
+      if (!bitwise_equal(r.output, alone[n].output) || !bitwise_equal(r.lse, alone[n].lse)) ++mismatches;
+      ++calls;
+    }
+  }
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(calls.load(), team.load() * static_cast<int>(3 * problems.size()));  // every call returned
 }
 
 // Decoding shapes (a few query rows per KV head, long S) split the keys into ranges
