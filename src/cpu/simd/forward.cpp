@@ -575,7 +575,9 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   if (!parallel) {
     // One thread runs it all without entering an OpenMP region: even a team of one costs
     // libgomp's team setup and a futex call, a fifth of a (1, 1, 1, 8) call's CPU time
-    // (docs/performance.md, "Threads").
+    // (docs/performance.md, "Threads"). Plain loops: an orphaned `omp for` here would
+    // bind to the caller's own parallel region, if any, and share out its iterations
+    // among the caller's threads (CpuForward.CallsFromTheCallersParallelRegion...).
     for (std::int64_t u = 0; u < schedule.units; ++u) run_unit(*scratch_of_thread[0], u);
     for (std::int64_t m = 0; m < schedule.merges; ++m) run_merge(*scratch_of_thread[0], m);
   } else {
