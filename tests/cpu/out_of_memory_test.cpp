@@ -7,56 +7,41 @@
 // the scratch of one 64-key tile of it is 1 GiB, the inputs 16 MiB (allocated first).
 // Its own test binary: the cap would disturb other tests' threads.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <cstdint>
-#include <fstream>
 #include <new>
 #include <string>
 
 #include "sdpa/sdpa.h"
+#include "testing/address_space.h"
+#include "testing/rejection.h"
 
 namespace sdpa {
 namespace {
 
-constexpr std::int64_t kHugeE = std::int64_t{1} << 22;
-constexpr double kSentinel = 7.0;
+using testing::kSentinel;
+using testing::untouched;
 
-// Runs `call` with RLIMIT_AS at the current mapping plus 256 MiB; returns whether it threw
-// std::bad_alloc.
+constexpr std::int64_t kHugeE = std::int64_t{1} << 22;
+
+// Runs `call` with the address space capped at the current mapping plus 256 MiB; returns
+// whether it threw std::bad_alloc.
 template <class Call>
 bool throws_bad_alloc_with_little_memory(const Call& call) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::uint64_t kib = 0;
-  while (std::getline(status, line))
-    if (line.rfind("VmSize:", 0) == 0) kib = std::stoull(line.substr(7));
-  EXPECT_GT(kib, 0u);
-  rlimit before{};
-  getrlimit(RLIMIT_AS, &before);
-  rlimit tight = before;
-  tight.rlim_cur = (kib << 10) + (std::uint64_t{256} << 20);
-  EXPECT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
-  bool threw = false;
+  testing::AddressSpaceCap cap(std::uint64_t{256} << 20);
+  EXPECT_TRUE(cap.active());
   try {
     call();
   } catch (const std::bad_alloc&) {
-    threw = true;
+    return true;
   }
-  setrlimit(RLIMIT_AS, &before);
-  return threw;
+  return false;
 }
 
 Tensor filled(DType dtype, const std::vector<std::int64_t>& shape, double value) {
   Tensor t(dtype, shape);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
   return t;
-}
-
-bool untouched(const Tensor& t) {
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    if (t.get(i) != kSentinel) return false;
-  return true;
 }
 
 class OutOfMemory : public ::testing::TestWithParam<DType> {
@@ -75,8 +60,9 @@ TEST_P(OutOfMemory, ForwardScratchIsAnErrorAndWritesNothing) {
   const DType dtype = GetParam();
   const Tensor qk = filled(dtype, {1, 2, 1, kHugeE}, 0.25), v = filled(dtype, {1, 2, 1, 8}, 1.0);
   Tensor out = filled(dtype, {1, 2, 1, 8}, kSentinel);
-  EXPECT_TRUE(throws_bad_alloc_with_little_memory(
-      [&] { forward(qk.view(), qk.view(), v.view(), {out.view(), std::nullopt, std::nullopt}); }));
+  EXPECT_TRUE(throws_bad_alloc_with_little_memory([&] {
+    forward(qk.view(), qk.view(), v.view(), {out.view(), std::nullopt, std::nullopt});
+  }));
   EXPECT_TRUE(untouched(out));
   // Memory back: the same call works.
   Tensor small_out(dtype, {1, 2, 1, 8});

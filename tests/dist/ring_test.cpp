@@ -12,15 +12,14 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 
-#include <sys/resource.h>
-
 #include "dist/chunks.h"
 #include "sdpa/distributed.h"
+#include "testing/address_space.h"
 #include "testing/helpers.h"
 
 namespace sdpa::distributed {
@@ -110,7 +109,8 @@ void expect_ring_matches(RingCase c) {
     if (c.sinks == RingCase::Sinks::per_batch_head) shape.insert(shape.begin(), c.batch.begin(), c.batch.end());
     sinks = testing::random_tensor(c.sinks_dtype, shape, rng, 2.0);
     if (c.no_sink_head)
-      for (std::int64_t m = c.Hq - 1; m < sinks.numel(); m += c.Hq) sinks.set(m, -std::numeric_limits<double>::infinity());
+      for (std::int64_t m = c.Hq - 1; m < sinks.numel(); m += c.Hq)
+        sinks.set(m, -std::numeric_limits<double>::infinity());
     single.sinks = sinks.view();
   }
   const ForwardResult whole = sdpa::forward(q.view(), k.view(), v.view(), single, {.lse = true});
@@ -218,8 +218,8 @@ void expect_ring_matches(RingCase c) {
     // Summed over every rank's rows: the whole tensor on every rank.
     const double scale = std::max(1.0, testing::max_abs(expected.grad_sinks));
     const double tol = c.dtype == DType::float64 ? 1e-12 * scale : 1e-4 * scale;
-    EXPECT_LE(testing::max_abs_diff(testing::to_float64(dsinks.view()), testing::to_float64(expected.grad_sinks.view())),
-              tol)
+    EXPECT_LE(
+        testing::max_abs_diff(testing::to_float64(dsinks.view()), testing::to_float64(expected.grad_sinks.view())), tol)
         << "dsinks, rank " << r << " of " << N;
   }
 
@@ -232,8 +232,9 @@ void expect_ring_matches(RingCase c) {
     const double tol = c.dtype == DType::float64   ? 1e-12 * scale
                        : c.dtype == DType::float32 ? 1e-4 * scale
                                                    : 4.0 / 128 * scale;
-    EXPECT_LE(testing::max_abs_diff(testing::to_float64(pairs[g].first->view()), testing::to_float64(pairs[g].second.view())),
-              tol)
+    EXPECT_LE(
+        testing::max_abs_diff(testing::to_float64(pairs[g].first->view()), testing::to_float64(pairs[g].second.view())),
+        tol)
         << names[g] << ", rank " << r << " of " << N;
   }
 }
@@ -257,11 +258,21 @@ TEST(Ring, FullAttentionZigzagLongerKeys) {
   expect_ring_matches(c);
 }
 
-TEST(Ring, CausalTopLeftZigzagDivisible) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 64, 64)); }
-TEST(Ring, CausalTopLeftZigzagNotDivisible) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 45, 45)); }
-TEST(Ring, CausalTopLeftContiguous) { expect_ring_matches(causal_case(Causal::top_left, Partition::contiguous, 45, 45)); }
-TEST(Ring, CausalTopLeftMoreKeysThanQueries) { expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 29, 47)); }
-TEST(Ring, CausalBottomRightZigzag) { expect_ring_matches(causal_case(Causal::bottom_right, Partition::zigzag, 29, 47)); }
+TEST(Ring, CausalTopLeftZigzagDivisible) {
+  expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 64, 64));
+}
+TEST(Ring, CausalTopLeftZigzagNotDivisible) {
+  expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 45, 45));
+}
+TEST(Ring, CausalTopLeftContiguous) {
+  expect_ring_matches(causal_case(Causal::top_left, Partition::contiguous, 45, 45));
+}
+TEST(Ring, CausalTopLeftMoreKeysThanQueries) {
+  expect_ring_matches(causal_case(Causal::top_left, Partition::zigzag, 29, 47));
+}
+TEST(Ring, CausalBottomRightZigzag) {
+  expect_ring_matches(causal_case(Causal::bottom_right, Partition::zigzag, 29, 47));
+}
 TEST(Ring, CausalBottomRightMoreQueriesThanKeys) {
   // Queries before the first key's diagonal see nothing: lse −inf, output 0, merged as such.
   expect_ring_matches(causal_case(Causal::bottom_right, Partition::contiguous, 47, 29));
@@ -412,7 +423,9 @@ RingCase ordered_case(Causal causal, Partition partition, std::int64_t L, std::i
   return c;
 }
 
-TEST(RingOrdered, CausalTopLeftZigzagBitwise) { expect_ring_matches(ordered_case(Causal::top_left, Partition::zigzag, 301, 301)); }
+TEST(RingOrdered, CausalTopLeftZigzagBitwise) {
+  expect_ring_matches(ordered_case(Causal::top_left, Partition::zigzag, 301, 301));
+}
 TEST(RingOrdered, CausalTopLeftContiguousBitwise) {
   expect_ring_matches(ordered_case(Causal::top_left, Partition::contiguous, 203, 203));
 }
@@ -530,6 +543,25 @@ TEST(RingOrdered, ChunksCoverEveryKeyOnceAtTileMultiples) {
       }
 }
 
+// `call` fails on this rank with an sdpa::Error naming `argument` whose message holds
+// `says`; where one rank is at fault (`culprit` >= 0), the others' messages say which.
+template <class Call>
+void expect_error_on_every_rank(const Call& call, const std::string& argument, const std::string& says = "",
+                                int culprit = -1) {
+  const int r = comm_rank();
+  try {
+    call();
+    ADD_FAILURE() << "rank " << r << ": no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.argument(), argument) << what;
+    EXPECT_NE(what.find(says), std::string::npos) << what;
+    if (culprit >= 0 && r != culprit) {
+      EXPECT_NE(what.find("(on rank " + std::to_string(culprit) + ")"), std::string::npos) << what;
+    }
+  }
+}
+
 // A rank whose shard disagrees with the partition: every rank raises, none waits.
 TEST(RingErrors, BadShardOnOneRankFailsEveryRank) {
   const int N = comm_size(), r = comm_rank();
@@ -537,17 +569,12 @@ TEST(RingErrors, BadShardOnOneRankFailsEveryRank) {
   const std::int64_t rows = L / N + (r == N - 1 ? 1 : 0);  // the last rank's query is a row too long
   Tensor q(DType::float32, {2, rows, 8}), k(DType::float32, {2, L / N, 8}), v(DType::float32, {2, L / N, 8});
   Tensor out(DType::float32, {2, rows, 8});
-  try {
-    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
-            {L, L, Partition::contiguous});
-    ADD_FAILURE() << "rank " << r << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "query") << e.what();
-    EXPECT_NE(std::string(e.what()).find("expected 8 rows"), std::string::npos) << e.what();
-    if (r != N - 1) {
-      EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << e.what();
-    }
-  }
+  expect_error_on_every_rank(
+      [&] {
+        forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+                {L, L, Partition::contiguous});
+      },
+      "query", "expected 8 rows", N - 1);
 }
 
 TEST(RingErrors, RanksDisagreeOnOptions) {
@@ -558,14 +585,12 @@ TEST(RingErrors, RanksDisagreeOnOptions) {
   Options options;
   options.seed = static_cast<std::uint64_t>(r == 0 ? 1 : 2);
   options.dropout_p = 0.1;
-  try {
-    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
-            {L, L, Partition::zigzag}, options);
-    ADD_FAILURE() << "rank " << r << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "sharding") << e.what();
-    EXPECT_NE(std::string(e.what()).find("same call on every rank"), std::string::npos) << e.what();
-  }
+  expect_error_on_every_rank(
+      [&] {
+        forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+                {L, L, Partition::zigzag}, options);
+      },
+      "sharding", "same call on every rank");
 }
 
 // Sinks are part of the call every rank must agree on: one rank's different sinks are
@@ -578,14 +603,12 @@ TEST(RingErrors, SinksDifferOnOneRank) {
   sinks.set(0, r == N - 1 ? 1.5 : 1.0);
   Options options;
   options.sinks = sinks.view();
-  try {
-    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
-            {L, L, Partition::zigzag}, options);
-    ADD_FAILURE() << "rank " << r << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "sharding") << e.what();
-    EXPECT_NE(std::string(e.what()).find("same call on every rank"), std::string::npos) << e.what();
-  }
+  expect_error_on_every_rank(
+      [&] {
+        forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+                {L, L, Partition::zigzag}, options);
+      },
+      "sharding", "same call on every rank");
 }
 
 // Memory running out on one rank while the ring's buffers are allocated: they are
@@ -603,30 +626,23 @@ TEST(RingErrors, MemoryRunningOutOnOneRankFailsEveryRank) {
   Tensor q(DType::float32, {1, 2, E}), out(DType::float32, {1, 2, E}), row(DType::float32, {E});
   TensorView k{row.data(), DType::float32, {1, rows, E}, {0, 0, 1}};
   const TensorView& v = k;
-  rlimit before{};
-  getrlimit(RLIMIT_AS, &before);
   const bool limited = r == N - 1;
-  if (limited) {
-    // What the process maps now, and 64 MiB more: less than one K/V buffer.
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    std::uint64_t kib = 0;
-    while (std::getline(status, line))
-      if (line.rfind("VmSize:", 0) == 0) kib = std::stoull(line.substr(7));
-    ASSERT_GT(kib, 0u);
-    rlimit tight = before;
-    tight.rlim_cur = (kib << 10) + (std::uint64_t{64} << 20);
-    ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
-  }
   bool raised = false;
   std::string what;
-  try {
-    forward(MPI_COMM_WORLD, q.view(), k, v, {out.view(), std::nullopt, std::nullopt}, {L, S, Partition::zigzag});
-  } catch (const Error& e) {
-    raised = true;
-    what = e.what();
+  {
+    // What the process maps now, and 64 MiB more: less than one K/V buffer.
+    std::optional<testing::AddressSpaceCap> cap;
+    if (limited) {
+      cap.emplace(std::uint64_t{64} << 20);
+      ASSERT_TRUE(cap->active());
+    }
+    try {
+      forward(MPI_COMM_WORLD, q.view(), k, v, {out.view(), std::nullopt, std::nullopt}, {L, S, Partition::zigzag});
+    } catch (const Error& e) {
+      raised = true;
+      what = e.what();
+    }
   }
-  if (limited) setrlimit(RLIMIT_AS, &before);
   EXPECT_TRUE(raised) << "rank " << r << ": no error";
   if (!limited) {
     EXPECT_NE(what.find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << what;
@@ -645,34 +661,28 @@ TEST(RingErrors, Int8KeyRefusedOnEveryRank) {
   Tensor scale(DType::float32, {2, L / N});
   Options options;
   if (culprit) options.key_scale = scale.view();
-  try {
-    forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
-            {L, L, Partition::zigzag}, options);
-    ADD_FAILURE() << "rank " << r << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "key") << e.what();
-    EXPECT_NE(std::string(e.what()).find("int8 is not supported by ring attention"), std::string::npos) << e.what();
-    if (!culprit) {
-      EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(N - 1) + ")"), std::string::npos) << e.what();
-    }
-  }
+  expect_error_on_every_rank(
+      [&] {
+        forward(MPI_COMM_WORLD, q.view(), k.view(), v.view(), {out.view(), std::nullopt, std::nullopt},
+                {L, L, Partition::zigzag}, options);
+      },
+      "key", "int8 is not supported by ring attention", N - 1);
 }
 
 TEST(RingErrors, ReferenceBackward) {
-  const int N = comm_size(), r = comm_rank();
+  const int N = comm_size();
   const std::int64_t L = 4 * N;
   Tensor q(DType::float64, {2, L / N, 8}), k(DType::float64, {2, L / N, 8}), v(DType::float64, {2, L / N, 8});
   Tensor out(DType::float64, {2, L / N, 8}), lse(DType::float64, {2, L / N});
   Tensor dq(DType::float64, {2, L / N, 8}), dk(DType::float64, {2, L / N, 8}), dv(DType::float64, {2, L / N, 8});
   Options options;
   options.backend = Backend::reference;
-  try {
-    backward(MPI_COMM_WORLD, {q.view(), k.view(), v.view(), out.view(), lse.view(), out.view()},
-             {dq.view(), dk.view(), dv.view(), std::nullopt}, {L, L, Partition::contiguous}, options);
-    ADD_FAILURE() << "rank " << r << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "options.backend") << e.what();
-  }
+  expect_error_on_every_rank(
+      [&] {
+        backward(MPI_COMM_WORLD, {q.view(), k.view(), v.view(), out.view(), lse.view(), out.view()},
+                 {dq.view(), dk.view(), dv.view(), std::nullopt}, {L, L, Partition::contiguous}, options);
+      },
+      "options.backend");
 }
 
 TEST(RingPartition, EveryRowOnceWhateverTheLength) {
