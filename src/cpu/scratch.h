@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <memory>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
@@ -35,5 +36,35 @@ std::vector<std::unique_ptr<Scratch>> scratch_per_thread(int threads, const Args
   for (int t = 0; t < std::max(threads, 1); ++t) scratch.push_back(std::make_unique<Scratch>(args...));
   return scratch;
 }
+
+// The per-thread scratch of a calling thread's last call, kept for its next call while
+// `Key` (whatever the Scratch's sizes depend on) stays the same: a model's small heads
+// call thousands of times, and making the buffers per call was the largest part of a tiny
+// call's fixed cost (docs/performance.md, "Small problems"). One per calling thread
+// (thread_local at the use), so calls from several threads never share one.
+template <class Scratch, class Key>
+class ScratchCache {
+ public:
+  // At least `threads` scratches made from `args...`, remade when the key changes.
+  template <class... Args>
+  const std::vector<std::unique_ptr<Scratch>>& Get(const Key& key, int threads, const Args&... args) {
+    if (key_ != key || static_cast<int>(of_thread_.size()) < threads) {
+      of_thread_.clear();  // before the new ones are made: never both at once
+      key_.reset();
+      of_thread_ = scratch_per_thread<Scratch>(threads, args...);
+      key_ = key;
+    }
+    return of_thread_;
+  }
+  // Frees the memory (a call whose scratch is too large to hold on to).
+  void Release() {
+    of_thread_.clear();
+    key_.reset();
+  }
+
+ private:
+  std::optional<Key> key_;
+  std::vector<std::unique_ptr<Scratch>> of_thread_;
+};
 
 }  // namespace sdpa::detail

@@ -119,38 +119,16 @@ struct Scratch {
   }
 };
 
-// The scratch of a calling thread's last call, kept for its next call of the same shape
-// (what Scratch's sizes depend on): a model's small heads call thousands of times, and
-// making some 25 aligned buffers per thread per call was the largest part of a tiny
-// call's fixed cost (malloc and free: 37% of the CPU time of a (1, 1, 1, 8) call in perf).
-// Kept only for the head dims of models (the buffers are then a few hundred KB), so that
-// a call with a huge head dim does not hold its memory afterwards.
-template <std::size_t kVectors>
-class ScratchCache {
- public:
-  std::vector<std::unique_ptr<Scratch<kVectors>>>& Get(const Problem& p, bool bf16_path, int threads) {
-    const Key key{p.E, p.Ev, bf16_path, p.key.dtype == DType::int8, p.dropout_p > 0.0};
-    if (!(key == key_) || static_cast<int>(of_thread_.size()) < threads) {
-      of_thread_.clear();  // before the new ones are made: never both at once
-      of_thread_ = scratch_per_thread<Scratch<kVectors>>(threads, p, bf16_path);
-      key_ = key;
-    }
-    return of_thread_;
-  }
-  void ReleaseUnlessSmall(const Problem& p) {
-    if (std::max(p.E, p.Ev) > kLargestKeptDim) of_thread_.clear();
-  }
-
- private:
-  static constexpr std::int64_t kLargestKeptDim = 1024;
-  struct Key {
-    std::int64_t E = -1, Ev = -1;
-    bool bf16 = false, int8 = false, dropout = false;
-    bool operator==(const Key&) const = default;
-  };
-  Key key_;
-  std::vector<std::unique_ptr<Scratch<kVectors>>> of_thread_;
+// What Scratch's sizes depend on: a calling thread keeps its last call's scratch for its
+// next call with the same (ScratchCache, cpu/scratch.h), unless the head dim is above
+// kLargestKeptDim (the buffers of model head dims are a few hundred KB; a call with a huge
+// one should not hold its memory afterwards).
+struct ScratchKey {
+  std::int64_t E, Ev;
+  bool bf16, int8, dropout;
+  bool operator==(const ScratchKey&) const = default;
 };
+constexpr std::int64_t kLargestKeptDim = 1024;
 
 // Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
 // when it is laid out so, else a zero-padded copy. K's rows are read in pairs, so for K
@@ -568,10 +546,11 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
                        states.get() + plan.first_state + t * plan.splits * state_size, plan.splits);
   };
 
-  thread_local ScratchCache<kVectors> cache;
+  thread_local ScratchCache<Scratch<kVectors>, ScratchKey> cache;
   const bool parallel = schedule.units > 1 && threads > 1;
+  const ScratchKey key{first.E, first.Ev, bf16_path, first.key.dtype == DType::int8, first.dropout_p > 0.0};
   const std::vector<std::unique_ptr<Scratch<kVectors>>>& scratch_of_thread =
-      cache.Get(first, bf16_path, parallel ? threads : 1);
+      cache.Get(key, parallel ? threads : 1, first, bf16_path);
   if (!parallel) {
     // One thread runs it all without entering an OpenMP region: even a team of one costs
     // libgomp's team setup and a futex call, a fifth of a (1, 1, 1, 8) call's CPU time
@@ -592,7 +571,7 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
       }
     }
   }
-  cache.ReleaseUnlessSmall(first);
+  if (std::max(first.E, first.Ev) > kLargestKeptDim) cache.Release();
 }
 
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
