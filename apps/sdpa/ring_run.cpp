@@ -1,6 +1,7 @@
 // The CLI's ring run. Output files: rank 0 creates a temporary file beside each output
-// (mkstemp in the folder of the file io::OutputFiles resolved: a symlink's target, as a
-// single-process run writes through it), writes the .npy header and sizes it; every rank
+// (io::create_temporary_beside, in the folder of the file io::OutputFiles resolved: a
+// symlink's target, as a single-process run writes through it, with the permission bits
+// the single-process run gives), writes the .npy header and sizes it; every rank
 // writes its rows at their offsets (pwrite); when every rank has succeeded (one
 // collective), rank 0 renames the temporaries over the outputs — all or nothing, as
 // io::OutputFiles does for a single process (commit). Every step that can fail on one
@@ -14,12 +15,10 @@
 #include <cstdio>  // renameat2 (glibc >= 2.28, _GNU_SOURCE)
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dist/agreement.h"
@@ -52,22 +51,13 @@ void fail_io(const SharedOutput& out, const std::string& what) {
   throw Error(ErrorKind::value, out.target.argument, out.target.path + ": " + what + ": " + std::strerror(errno));
 }
 
-// Rank 0: the temporary beside the target, with the header and the full size, and the
-// permission bits the single-process run gives it (the old file's, or 0666 less the umask).
+// Rank 0: the temporary beside the target, with the header and the full size.
 void create_output(SharedOutput& out, const std::string& header, std::uint64_t data_bytes) {
-  const std::filesystem::path target(out.target.resolved_path);
-  std::string leaf = target.filename().string();  // a hidden ".<name>.ring-XXXXXX"
-  leaf.insert(leaf.begin(), '.');
-  leaf.append(".ring-XXXXXX");
-  std::string name = target.parent_path() / leaf;
-  const int fd = ::mkstemp(name.data());
+  std::string name;
+  const int fd = io::create_temporary_beside(out.target, name);
   if (fd < 0) fail_io(out, "cannot create a temporary beside it");
   out.temporary = name;
-  const mode_t umask_bits = ::umask(0);
-  ::umask(umask_bits);
-  const mode_t mode = out.target.exists ? out.target.mode : out.target.mode & ~umask_bits;
-  const bool ok = ::fchmod(fd, mode) == 0 &&
-                  ::pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
+  const bool ok = ::pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) &&
                   ::ftruncate(fd, static_cast<off_t>(header.size() + data_bytes)) == 0;
   ::close(fd);
   if (!ok) {
@@ -97,7 +87,8 @@ void write_rows(const SharedOutput& out, const std::string& encoded, std::int64_
       const std::size_t count = static_cast<std::size_t>(r.end - r.begin) * row_bytes;
       const std::size_t from = shard_header + static_cast<std::size_t>(m * shard_rows + local) * row_bytes;
       const std::uint64_t at = out.header_bytes + static_cast<std::uint64_t>(m * length + r.begin) * row_bytes;
-      if (count > 0 && ::pwrite(fd, encoded.data() + from, count, static_cast<off_t>(at)) != static_cast<ssize_t>(count))
+      if (count > 0 &&
+          ::pwrite(fd, encoded.data() + from, count, static_cast<off_t>(at)) != static_cast<ssize_t>(count))
         ok = false;
       local += r.end - r.begin;
     }
@@ -179,8 +170,9 @@ void ring_run(const RunArgs& args, const Options& options) {
         const auto length = [](const std::string& path) {
           const io::NpyLayout layout = io::read_npy_layout(path);
           if (layout.shape.size() < 2)
-            throw Error(ErrorKind::value, path, "expected rank >= 2 ((..., seq, dim)), got a rank " +
-                                                    std::to_string(layout.shape.size()) + " array");
+            throw Error(
+                ErrorKind::value, path,
+                "expected rank >= 2 ((..., seq, dim)), got a rank " + std::to_string(layout.shape.size()) + " array");
           return layout.shape[layout.shape.size() - 2];
         };
         // The single-process run's checks of the output paths (not a directory, an existing
@@ -194,7 +186,8 @@ void ring_run(const RunArgs& args, const Options& options) {
           if (t.direct)
             throw Error(ErrorKind::value, t.argument,
                         "expected a regular file or a new path with --ring (every rank writes its rows into it), "
-                        "got a device, FIFO, socket or file descriptor: " + t.path);
+                        "got a device, FIFO, socket or file descriptor: " +
+                            t.path);
         L = length(args.query);
         S = length(args.key);
         // V is read with K's rows: a longer or shorter value file must not be cut to fit.
@@ -220,11 +213,10 @@ void ring_run(const RunArgs& args, const Options& options) {
   // has the single-process run's bytes; the ring (which overlaps more) for the other dtypes
   // and for the reference backend (which makes no bitwise claim through the ordered one).
   const bool bitwise = query.dtype() == DType::float64 && options.backend != Backend::reference;
-  const distributed::Exchange exchange =
-      args.exchange == "all-gather" ? distributed::Exchange::all_gather
-      : args.exchange == "ordered" || (args.exchange == "auto" && bitwise)
-          ? distributed::Exchange::ordered
-          : distributed::Exchange::ring;
+  const distributed::Exchange exchange = args.exchange == "all-gather" ? distributed::Exchange::all_gather
+                                         : args.exchange == "ordered" || (args.exchange == "auto" && bitwise)
+                                             ? distributed::Exchange::ordered
+                                             : distributed::Exchange::ring;
   distributed::forward(comm, query.view(), key.view(), value.view(), outputs, {L, S, partition, exchange}, options);
 
   // The global shapes: this rank's with the sequence dim at L.
@@ -260,7 +252,8 @@ void ring_run(const RunArgs& args, const Options& options) {
     MPI_Bcast(f.temporary.data(), size, MPI_CHAR, 0, comm);
   }
   const std::vector<distributed::RowRange> my_rows = distributed::shard_rows(L, ranks, rank, partition);
-  const std::int64_t matrices = output.numel() / std::max<std::int64_t>(1, q_shape[q_shape.size() - 2] * out_shape.back());
+  const std::int64_t matrices =
+      output.numel() / std::max<std::int64_t>(1, q_shape[q_shape.size() - 2] * out_shape.back());
   try {
     agree(
         comm,

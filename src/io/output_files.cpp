@@ -8,11 +8,11 @@
 
 #include <cerrno>
 #include <charconv>
-#include <csignal>
 #include <climits>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <random>
 #include <system_error>
 
@@ -245,16 +245,13 @@ void OutputFiles::write(const std::vector<std::string_view>& contents) const {
   for (std::size_t i = 0; i < destinations_.size(); ++i) {
     const Destination& d = destinations_[i];
     if (d.direct) continue;
-    const mode_t mode = replacement_mode(d);
-    const int fd = create_temporary(parent_of(d.resolved_path), name_of(d.resolved_path), mode & 0777,
-                                    files.temporaries[i]);
+    const int fd = create_temporary_beside(target_of(d), files.temporaries[i]);
     if (fd < 0) {
       const int error = errno;
       files.temporaries[i].clear();
       write_error(d, "creating a temporary file", error);
     }
     try {
-      if (d.exists && ::fchmod(fd, mode) != 0) throw std::system_error(errno, std::generic_category());
       write_fully(fd, contents[i]);
       if (::fsync(fd) != 0) throw std::system_error(errno, std::generic_category());
     } catch (const std::system_error& e) {
@@ -290,11 +287,28 @@ void OutputFiles::write(const std::vector<std::string_view>& contents) const {
   }
 }
 
+OutputFiles::Target OutputFiles::target_of(const Destination& d) {
+  return {d.argument, d.path, d.resolved_path, d.direct, d.exists, replacement_mode(d)};
+}
+
 std::vector<OutputFiles::Target> OutputFiles::targets() const {
   std::vector<Target> out;
-  for (const Destination& d : destinations_)
-    out.push_back({d.argument, d.path, d.resolved_path, d.direct, d.exists, replacement_mode(d)});
+  for (const Destination& d : destinations_) out.push_back(target_of(d));
   return out;
+}
+
+int create_temporary_beside(const OutputFiles::Target& target, std::string& temporary_path) {
+  const int fd = create_temporary(parent_of(target.resolved_path), name_of(target.resolved_path), target.mode & 0777,
+                                  temporary_path);
+  // An existing file's bits exactly (the umask narrowed the open's), the sticky bit too.
+  if (fd >= 0 && target.exists && ::fchmod(fd, target.mode) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(temporary_path.c_str());
+    errno = error;
+    return -1;
+  }
+  return fd;
 }
 
 void write_file(const std::string& path, std::string_view contents) {

@@ -63,9 +63,16 @@ class OutputFiles {
   };
 
   static unsigned replacement_mode(const Destination& d);
+  static Target target_of(const Destination& d);
 
   std::vector<Destination> destinations_;
 };
+
+// A new file in the folder of `target`'s resolved path, to be renamed over it: created with
+// O_EXCL under a name no one could have prepared, with the replacement's permission bits
+// (the umask narrows a new file's, as for any file the user creates). Returns its
+// descriptor and sets `temporary_path`, or returns -1 with errno set (nothing left behind).
+int create_temporary_beside(const OutputFiles::Target& target, std::string& temporary_path);
 
 // One output file: OutputFiles with a single entry, errors naming `path`.
 void write_file(const std::string& path, std::string_view contents);
