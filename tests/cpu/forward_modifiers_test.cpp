@@ -69,6 +69,21 @@ TEST(CpuForwardModifiers, Float32MatchesOracle) {
       {{1, 2, 1, 300, 257, 64, 40}, {2, 4, 2, 129, 200, 7, 7}, {1, 3, 1, 37, 300, 96, 96}, {1, 2, 2, 65, 97, 1, 1}});
 }
 
+// Subtiles of 3 row vectors (48 query rows on AVX-512), which the forward takes when every
+// KV head's group of query rows fills them (288 and 384 rows here) and the call has at
+// least 16 tasks of 192 rows: every modifier, float32 and float16 (promoted tile by
+// tile), dropout, and the same bits for 1, 2 and 3 threads.
+TEST(CpuForwardModifiers, ThreeVectorSubtilesMatchOracle) {
+  run_dtype_grid(DType::float32, {{2, 8, 4, 144, 150, 64, 40}, {4, 8, 2, 96, 97, 7, 7}});
+  run_dtype_grid(DType::float16, {{2, 8, 4, 144, 100, 17, 24}});
+  Case c = with({2, 8, 4, 144, 150, 64, 40}, kModifierGrid[3], DType::float32);
+  c.dropout_p = 0.2;
+  expect_cpu_agrees(c, 31);
+  Inputs in = make_inputs(c, 32);
+  in.options.backend = Backend::cpu;
+  expect_forward_deterministic_across_threads(in);
+}
+
 TEST(CpuForwardModifiers, Float64MatchesOracle) {
   run_dtype_grid(DType::float64, {{1, 2, 1, 300, 257, 64, 40}, {2, 4, 2, 129, 200, 7, 7}, {1, 2, 2, 65, 97, 1, 1}});
 }

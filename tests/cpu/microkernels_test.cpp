@@ -85,17 +85,20 @@ HWY_NOINLINE void TestExp2() {
   }
 }
 
-HWY_NOINLINE void TestScoreBlock() {
+// Subtiles of 1 (decoding), 2 and 3 (long query groups on AVX-512) row vectors.
+template <std::size_t Vectors>
+void CheckScoreBlock() {
   const DF df;
-  const std::size_t N = hn::Lanes(df), rows = 2 * N, st_stride = rows + N;
+  const std::size_t N = hn::Lanes(df), rows = Vectors * N, st_stride = rows + N;
+  constexpr std::size_t kKeys = kKeyBlockOf<Vectors>;
   std::mt19937 rng(2);
   for (std::int64_t E : {1, 7, 64, 131}) {
     const std::int64_t k_stride = E + 3;  // K rows apart by more than their length
     const auto qt = RandomFloats(static_cast<std::size_t>(E) * rows, rng);
-    const auto k = RandomFloats(kKeyBlock * static_cast<std::size_t>(k_stride), rng);
-    auto st = hwy::AllocateAligned<float>(kKeyBlock * st_stride);
-    ScoreBlock(qt.get(), rows, E, k.get(), k_stride, st.get(), st_stride);
-    for (std::size_t c = 0; c < kKeyBlock; ++c)
+    const auto k = RandomFloats(kKeys * static_cast<std::size_t>(k_stride), rng);
+    auto st = hwy::AllocateAligned<float>(kKeys * st_stride);
+    ScoreBlock<Vectors>(qt.get(), rows, E, k.get(), k_stride, st.get(), st_stride);
+    for (std::size_t c = 0; c < kKeys; ++c)
       for (std::size_t r = 0; r < rows; ++r) {
         double exact = 0, magnitude = 0;
         for (std::int64_t e = 0; e < E; ++e) {
@@ -104,23 +107,30 @@ HWY_NOINLINE void TestScoreBlock() {
           magnitude += std::abs(term);
         }
         EXPECT_NEAR(st[c * st_stride + r], exact, SumTolerance(static_cast<int>(E), magnitude))
-            << "E=" << E << " key " << c << " row " << r;
+            << Vectors << " vectors, E=" << E << " key " << c << " row " << r;
       }
   }
 }
 
-HWY_NOINLINE void TestAccumulate() {
+HWY_NOINLINE void TestScoreBlock() {
+  CheckScoreBlock<1>();
+  CheckScoreBlock<2>();
+  CheckScoreBlock<3>();
+}
+
+template <std::size_t Vectors>
+void CheckAccumulate() {
   const DF df;
-  const std::size_t N = hn::Lanes(df), rows = 2 * N, pt_stride = rows + N;
+  const std::size_t N = hn::Lanes(df), rows = Vectors * N, pt_stride = rows + N;
   std::mt19937 rng(3);
   const std::int64_t block = static_cast<std::int64_t>(kValueBlock);
-  for (std::int64_t dims : {std::int64_t{1}, block, 2 * block + 3}) {
+  for (std::int64_t dims : {std::int64_t{1}, block, 2 * block + 3, 4 * block + 5}) {
     const std::int64_t cols = 29, v_stride = dims + 2;
     const auto pt = RandomFloats(cols * pt_stride, rng);
     const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
     auto ot = RandomFloats(static_cast<std::size_t>(dims) * rows, rng);  // accumulated into, not overwritten
     const std::vector<float> before = Copy(ot.get(), static_cast<std::size_t>(dims) * rows);
-    Accumulate(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows);
+    Accumulate<Vectors>(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows);
     for (std::int64_t d = 0; d < dims; ++d)
       for (std::size_t r = 0; r < rows; ++r) {
         double exact = before[d * rows + r], magnitude = std::abs(exact);
@@ -129,9 +139,16 @@ HWY_NOINLINE void TestAccumulate() {
           exact += term;
           magnitude += std::abs(term);
         }
-        EXPECT_NEAR(ot[d * rows + r], exact, SumTolerance(cols + 1, magnitude)) << "dims=" << dims << " d=" << d;
+        EXPECT_NEAR(ot[d * rows + r], exact, SumTolerance(cols + 1, magnitude))
+            << Vectors << " vectors, dims=" << dims << " d=" << d;
       }
   }
+}
+
+HWY_NOINLINE void TestAccumulate() {
+  CheckAccumulate<1>();
+  CheckAccumulate<2>();
+  CheckAccumulate<3>();
 }
 
 template <std::size_t Vectors>

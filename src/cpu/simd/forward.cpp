@@ -66,8 +66,8 @@ constexpr double kLn2 = 0.6931471805599453;
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
-// One tile of 2 vectors of query rows (1 when decoding: see ForwardFloat32) and its
-// running state. A task holds several, so that each K/V tile, once loaded into the
+// One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
+// AVX-512: see ForwardFloat32) and its running state. A task holds several, so that each K/V tile, once loaded into the
 // cache, serves all of them (long sequences would otherwise stream K and V from memory
 // once per 32 queries).
 struct Subtile : RowSet {
@@ -230,6 +230,8 @@ class Task {
   }
 
  private:
+  static constexpr std::int64_t kKeys = kKeyBlockOf<kVectors>;
+
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
@@ -283,7 +285,7 @@ class Task {
   // K rows [j0, j0+cols), padded to whole key blocks (an int8 K widened to float32 q,
   // exactly, and its scales loaded for Scores).
   KeyRows LoadKeys(std::int64_t j0, std::int64_t cols) {
-    const std::int64_t padded = RoundUp(cols, kKeyBlock);
+    const std::int64_t padded = RoundUp(cols, kKeys);
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
@@ -302,7 +304,7 @@ class Task {
   // Sᵀ for keys [j0, j0+cols): softcapped, masked, ALiBi-biased; −inf where causal, the
   // window, a bool mask or padding exclude the key. Returns false if every entry is −inf.
   bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
-    const std::int64_t padded = RoundUp(cols, kKeyBlock);
+    const std::int64_t padded = RoundUp(cols, kKeys);
     float* st = s_.st.get();
     if (few_keys_ > 0) {
       // Scaled by s^K_j in the kernel; the padding lanes get 0, as Qᵀ's zero rows give.
@@ -313,7 +315,7 @@ class Task {
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
-      for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+      for (std::int64_t c = 0; c < padded; c += kKeys)
         ScoreBlock<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
     }
     // int8 K: s_j = scale_k[j] · (q · q_j), the scale once per score, not per element.
@@ -574,6 +576,28 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   if (std::max(first.E, first.Ev) > kLargestKeptDim) cache.Release();
 }
 
+// Whether the call runs faster in subtiles of 3 row vectors (AVX-512: 8 keys × 3 vectors
+// in Q·Kᵀ, 8 dims × 3 vectors in P·V) than of 2 (12 keys × 2, 8 dims × 2). The wider
+// block loads each K and V element once per 48 query rows instead of 32 and issues fewer
+// instructions per FMA: 7–16 % less time at L = S = 2048, E = 128 on the Cascade Lake
+// Xeon of bench/RESULTS.md (docs/performance.md). It pays when every KV head's group of
+// query rows fills 48-row subtiles with at most 1/16 of the lanes padding, and when the
+// call has enough of its larger tasks (192 rows) to share among threads. Decided by the
+// shapes alone, never the thread count: the two blockings round differently, and a
+// call's bits must not depend on how many threads ran it.
+constexpr std::int64_t kThreeVectorMinTasks = 16;
+bool ThreeVectorsPay(const Problem* problems, std::int64_t count, std::int64_t lanes) {
+  const std::int64_t task_rows = kSubtiles * 3 * lanes;
+  std::int64_t tasks = 0;
+  for (const Problem* p = problems; p != problems + count; ++p) {
+    if (p->heads_kv == 0) continue;
+    const std::int64_t rows = p->heads_q / p->heads_kv * p->L;
+    if ((RoundUp(rows, 3 * lanes) - rows) * 16 > rows) return false;
+    tasks += p->batch * p->heads_kv * ((rows + task_rows - 1) / task_rows);
+  }
+  return tasks >= kThreeVectorMinTasks;
+}
+
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
 // fits in one vector — runs subtiles of one row vector: with two, the second vector's
 // lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
@@ -589,10 +613,17 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
   const bool few_rows = std::all_of(problems, problems + count, [&](const Problem& p) {
     return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= lanes;
   });
-  if (few_rows && !bf16_path)
+  if (few_rows && !bf16_path) {
     Forward<1>(problems, count, bf16_path);
-  else
-    Forward<2>(problems, count, bf16_path);
+    return;
+  }
+  if constexpr (HWY_MAX_BYTES == 64) {
+    if (!bf16_path && ThreeVectorsPay(problems, count, lanes)) {
+      Forward<3>(problems, count, bf16_path);
+      return;
+    }
+  }
+  Forward<2>(problems, count, bf16_path);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }

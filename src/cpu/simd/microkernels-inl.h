@@ -27,11 +27,19 @@ using VF = hn::Vec<DF>;
 
 // Register blocks: (keys × 2 row vectors) accumulators for the score kernel, (dims × 2
 // row vectors) for the accumulate kernel — half the rows for decoding, where a KV head's
-// group of queries fills few lanes. AVX-512 has 32 vector registers, AVX2 and SSE 16.
+// group of queries fills few lanes, and half again as many for long query groups on
+// AVX-512 (simd/forward.cpp: ThreeVectorsPay). AVX-512 has 32 vector registers, AVX2
+// and SSE 16.
 constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
 constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
-constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of both key blocks
-constexpr std::int64_t kSubtiles = 4;  // subtiles of 2 row vectors that share each K/V tile
+// Keys per score block for a subtile of `Vectors` row vectors: 3 vectors leave registers
+// for 8 keys (24 accumulators, 3 Qᵀ loads and 8 broadcasts per 24 FMAs, against 2 and 12
+// for 2 vectors × 12 keys).
+template <std::size_t Vectors>
+constexpr std::size_t kKeyBlockOf = Vectors >= 3 ? 8 : kKeyBlock;
+constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of every key block
+constexpr std::int64_t kSubtiles = 4;  // subtiles (of 1, 2 or 3 row vectors) that share each K/V tile
+static_assert(kKeyTile % kKeyBlock == 0 && kKeyTile % kKeyBlockOf<3> == 0);
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 constexpr double kLog2e = 1.4426950408889634;
 
@@ -45,18 +53,19 @@ HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::
                            std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
-  VF acc[Vectors][kKeyBlock];
+  constexpr std::size_t kKeys = kKeyBlockOf<Vectors>;
+  VF acc[Vectors][kKeys];
   for (std::size_t v = 0; v < Vectors; ++v)
-    for (std::size_t c = 0; c < kKeyBlock; ++c) acc[v][c] = hn::Zero(df);
+    for (std::size_t c = 0; c < kKeys; ++c) acc[v][c] = hn::Zero(df);
   for (std::int64_t e = 0; e < E; ++e) {
     VF q[Vectors];
     for (std::size_t v = 0; v < Vectors; ++v) q[v] = hn::Load(df, qt + e * rows + v * N);
-    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeyBlock; ++c) {
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeys; ++c) {
       const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
       for (std::size_t v = 0; v < Vectors; ++v) acc[v][c] = hn::MulAdd(q[v], key, acc[v][c]);
     }
   }
-  for (std::size_t c = 0; c < kKeyBlock; ++c)
+  for (std::size_t c = 0; c < kKeys; ++c)
     for (std::size_t v = 0; v < Vectors; ++v) hn::Store(acc[v][c], df, st + c * st_stride + v * N);
 }
 
@@ -86,11 +95,11 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for all `dims` dims:
 // whole register blocks, then single dims. One row vector leaves registers for twice
-// the dims per block.
+// the dims per block; 2 and 3 vectors take kValueBlock (3 × 8 = 24 accumulators).
 template <std::size_t Vectors = 2>
 inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
                        std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows) {
-  constexpr std::size_t kBlock = kValueBlock * 2 / Vectors;
+  constexpr std::size_t kBlock = Vectors == 1 ? 2 * kValueBlock : kValueBlock;
   std::int64_t d = 0;
   for (; d + static_cast<std::int64_t>(kBlock) <= dims; d += kBlock)
     AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
