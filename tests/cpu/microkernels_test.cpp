@@ -1,8 +1,8 @@
 // The SIMD kernels' building blocks, tested one by one on every x86 target this build
 // compiles and this CPU runs, as Highway's own tests do (HWY_EXPORT_AND_TEST_P runs a
-// per-target function once per target): 2^x, the score and accumulate blocks, the
-// backward's rank update, row loads and stores of every dtype, and the log-sum-exp merge
-// of split keys — each against the same computation in float64. A target whose
+// per-target function once per target): 2^x, the score blocks and tiles, the accumulate
+// blocks, the backward's rank update, row loads and stores of every dtype, and the
+// log-sum-exp merge of split keys — each against the same computation in float64. A target whose
 // microkernel is wrong fails here by name, before the whole-kernel tests
 // (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
 #include <gtest/gtest.h>
@@ -116,6 +116,51 @@ HWY_NOINLINE void TestScoreBlock() {
   CheckScoreBlock<1>();
   CheckScoreBlock<2>();
   CheckScoreBlock<3>();
+}
+
+// A tile of every length up to three key blocks: the columns < cols against float64, and
+// no row of K past cols read — those rows are NaN, and the padding columns, which read
+// the last valid row again, must come out finite.
+template <std::size_t Vectors>
+void CheckScoreTile() {
+  const DF df;
+  const std::size_t N = hn::Lanes(df), rows = Vectors * N, st_stride = rows;
+  const auto block = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
+  std::mt19937 rng(5);
+  for (std::int64_t E : {3, 40})
+    for (std::int64_t cols = 1; cols <= 3 * block; ++cols) {
+      const std::int64_t k_stride = E + 1, padded = ScoreTileColumns<Vectors>(cols);
+      EXPECT_GE(padded, cols);
+      EXPECT_LE(padded, RoundUp(cols, block));
+      const auto qt = RandomFloats(static_cast<std::size_t>(E) * rows, rng);
+      auto k = RandomFloats(static_cast<std::size_t>((cols + block) * k_stride), rng);
+      for (std::int64_t x = cols * k_stride; x < (cols + block) * k_stride; ++x)
+        k[static_cast<std::size_t>(x)] = std::numeric_limits<float>::quiet_NaN();
+      auto st = hwy::AllocateAligned<float>(static_cast<std::size_t>(padded) * st_stride);
+      ScoreTile<Vectors>(qt.get(), rows, E, k.get(), k_stride, cols, st.get(), st_stride);
+      for (std::int64_t c = 0; c < padded; ++c)
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float got = st[static_cast<std::size_t>(c) * st_stride + r];
+          if (c >= cols) {
+            EXPECT_TRUE(std::isfinite(got)) << Vectors << " vectors, cols=" << cols << ": padding column " << c;
+            continue;
+          }
+          double exact = 0, magnitude = 0;
+          for (std::int64_t e = 0; e < E; ++e) {
+            const double term = static_cast<double>(k[c * k_stride + e]) * qt[e * rows + r];
+            exact += term;
+            magnitude += std::abs(term);
+          }
+          EXPECT_NEAR(got, exact, SumTolerance(static_cast<int>(E), magnitude))
+              << Vectors << " vectors, cols=" << cols << " key " << c << " row " << r;
+        }
+    }
+}
+
+HWY_NOINLINE void TestScoreTile() {
+  CheckScoreTile<1>();
+  CheckScoreTile<2>();
+  CheckScoreTile<3>();
 }
 
 template <std::size_t Vectors>
@@ -285,6 +330,7 @@ namespace sdpa::detail {
 HWY_BEFORE_TEST(Microkernels);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestExp2);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreBlock);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreTile);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestAccumulate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRankUpdate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRowLoadStore);

@@ -230,8 +230,6 @@ class Task {
   }
 
  private:
-  static constexpr std::int64_t kKeys = kKeyBlockOf<kVectors>;
-
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
@@ -282,10 +280,17 @@ class Task {
       for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
   }
 
-  // K rows [j0, j0+cols), padded to whole key blocks (an int8 K widened to float32 q,
-  // exactly, and its scales loaded for Scores).
+  // Columns of Sᵀ that the softmax runs over for a tile of `cols` keys: the bfloat16
+  // kernels write whole 12-key blocks, ScoreTile a shorter last block.
+  std::int64_t PaddedColumns(std::int64_t cols) const {
+    return bf16_ ? RoundUp(cols, kKeyBlock) : ScoreTileColumns<kVectors>(cols);
+  }
+
+  // K rows [j0, j0+cols) (an int8 K widened to float32 q, exactly, and its scales loaded
+  // for Scores). bfloat16 rows are padded to whole key blocks; float32 rows are not
+  // (ScoreTile reads none past cols), so a contiguous float32 K is read in place.
   KeyRows LoadKeys(std::int64_t j0, std::int64_t cols) {
-    const std::int64_t padded = RoundUp(cols, kKeys);
+    const std::int64_t padded = bf16_ ? PaddedColumns(cols) : cols;
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
@@ -304,7 +309,7 @@ class Task {
   // Sᵀ for keys [j0, j0+cols): softcapped, masked, ALiBi-biased; −inf where causal, the
   // window, a bool mask or padding exclude the key. Returns false if every entry is −inf.
   bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
-    const std::int64_t padded = RoundUp(cols, kKeys);
+    const std::int64_t padded = PaddedColumns(cols);
     float* st = s_.st.get();
     if (few_keys_ > 0) {
       // Scaled by s^K_j in the kernel; the padding lanes get 0, as Qᵀ's zero rows give.
@@ -315,8 +320,7 @@ class Task {
       for (std::int64_t c = 0; c < padded; c += kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
-      for (std::int64_t c = 0; c < padded; c += kKeys)
-        ScoreBlock<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32 + c * k.stride, k.stride, st + c * s_.rows, s_.rows);
+      ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows);
     }
     // int8 K: s_j = scale_k[j] · (q · q_j), the scale once per score, not per element.
     if (p_.key_scale.present() && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, s_.k_scale.get());

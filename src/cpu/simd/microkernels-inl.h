@@ -45,28 +45,74 @@ constexpr double kLog2e = 1.4426950408889634;
 
 inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for kKeyBlock keys c and
-// a subtile's `Vectors` row vectors (2, or 1 for decoding's few rows): Sᵀ from K and Qᵀ
-// (broadcast K[c][e] against a Qᵀ row); the backward's dPᵀ from V and dOᵀ.
-template <std::size_t Vectors = 2>
+// st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for `Keys` keys c and
+// a subtile's `Vectors` row vectors (2, 1 for decoding's few rows, 3 for long query
+// groups): Sᵀ from K and Qᵀ (broadcast K[c][e] against a Qᵀ row); the backward's dPᵀ
+// from V and dOᵀ. Only the first `valid` rows of k are read: a key c ≥ valid reads row
+// valid − 1 again (its column is the caller's to overwrite), so the last, partial block
+// of a tile needs neither a zero-padded copy of K nor rows past its end.
+template <std::size_t Vectors = 2, std::size_t Keys = kKeyBlockOf<Vectors>>
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
-                           std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride) {
+                           std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride,
+                           std::size_t valid = Keys) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
-  constexpr std::size_t kKeys = kKeyBlockOf<Vectors>;
-  VF acc[Vectors][kKeys];
+  const float* key_row[Keys];
+  for (std::size_t c = 0; c < Keys; ++c)
+    key_row[c] = k + static_cast<std::int64_t>(c < valid ? c : valid - 1) * k_stride;
+  VF acc[Vectors][Keys];
   for (std::size_t v = 0; v < Vectors; ++v)
-    for (std::size_t c = 0; c < kKeys; ++c) acc[v][c] = hn::Zero(df);
+    for (std::size_t c = 0; c < Keys; ++c) acc[v][c] = hn::Zero(df);
   for (std::int64_t e = 0; e < E; ++e) {
     VF q[Vectors];
     for (std::size_t v = 0; v < Vectors; ++v) q[v] = hn::Load(df, qt + e * rows + v * N);
-    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < kKeys; ++c) {
-      const VF key = hn::Set(df, k[static_cast<std::int64_t>(c) * k_stride + e]);
+    _Pragma("GCC unroll 16") for (std::size_t c = 0; c < Keys; ++c) {
+      const VF key = hn::Set(df, key_row[c][e]);
       for (std::size_t v = 0; v < Vectors; ++v) acc[v][c] = hn::MulAdd(q[v], key, acc[v][c]);
     }
   }
-  for (std::size_t c = 0; c < kKeys; ++c)
+  for (std::size_t c = 0; c < Keys; ++c)
     for (std::size_t v = 0; v < Vectors; ++v) hn::Store(acc[v][c], df, st + c * st_stride + v * N);
+}
+
+// Keys in the last, partial block of a tile of `cols` keys (0 if there is none): 4, 8 or
+// a whole block, whichever is the first to hold the rest.
+template <std::size_t Vectors>
+constexpr std::int64_t TailBlock(std::int64_t cols) {
+  constexpr auto kKeys = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
+  const std::int64_t rest = cols % kKeys;
+  return rest == 0 ? 0 : rest <= 4 ? 4 : rest <= 8 && kKeys > 8 ? 8 : kKeys;
+}
+
+// Columns of Sᵀ that ScoreTile writes for a tile of `cols` keys: at least cols, at most
+// RoundUp(cols, kKeyBlockOf<Vectors>) (within a tile's kKeyTile).
+template <std::size_t Vectors>
+constexpr std::int64_t ScoreTileColumns(std::int64_t cols) {
+  constexpr auto kKeys = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
+  return cols / kKeys * kKeys + TailBlock<Vectors>(cols);
+}
+
+// Sᵀ for keys [0, cols) of a tile (K rows k, k_stride apart) into st, columns st_stride
+// apart: whole blocks of kKeyBlockOf<Vectors> keys, then the rest in one block
+// (TailBlock) that reads only rows < cols. Columns [cols, ScoreTileColumns(cols)) get
+// scores of a repeated row, for the caller to overwrite.
+template <std::size_t Vectors = 2>
+HWY_INLINE void ScoreTile(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
+                          std::int64_t k_stride, std::int64_t cols, float* HWY_RESTRICT st, std::size_t st_stride) {
+  constexpr auto kKeys = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
+  std::int64_t c = 0;
+  for (; c + kKeys <= cols; c += kKeys)
+    ScoreBlock<Vectors>(qt, rows, E, k + c * k_stride, k_stride, st + c * st_stride, st_stride);
+  const auto rest = static_cast<std::size_t>(cols - c);
+  const float* k_rest = k + c * k_stride;
+  float* st_rest = st + c * st_stride;
+  const std::int64_t tail = TailBlock<Vectors>(cols);
+  if (tail == 4)
+    ScoreBlock<Vectors, 4>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
+  else if (tail == 8)
+    ScoreBlock<Vectors, 8>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
+  else if (tail > 0)
+    ScoreBlock<Vectors>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
 }
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
