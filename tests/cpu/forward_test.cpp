@@ -324,6 +324,72 @@ TEST(CpuForward, StrideZeroBroadcastInputs) {
   EXPECT_TRUE(compare_with_oracle(q.view(), k, v, {}).ok());
 }
 
+// A float32 (B, H, L, E) tensor's values in storage of another layout.
+enum class Layout { packed, misaligned, rows_reversed, heads_interleaved };
+struct LaidOut {
+  std::vector<std::byte> storage;
+  TensorView view;
+};
+LaidOut laid_out(const Tensor& packed, Layout layout) {
+  const Shape& s = packed.shape();
+  const std::int64_t n = packed.numel();
+  LaidOut x{std::vector<std::byte>(static_cast<std::size_t>(n) * 4 + 8), packed.view()};
+  std::byte* base = x.storage.data();
+  switch (layout) {
+    case Layout::packed:
+      break;
+    case Layout::misaligned:  // 2 bytes past a float boundary
+      base += 2;
+      break;
+    case Layout::rows_reversed:  // row i at L − 1 − i: a negative row stride
+      x.view.strides = {s[1] * s[2] * s[3], s[2] * s[3], -s[3], 1};
+      base += (s[2] - 1) * s[3] * 4;
+      break;
+    case Layout::heads_interleaved:  // (B, L, H, E) storage
+      x.view.strides = {s[2] * s[1] * s[3], s[3], s[1] * s[3], 1};
+      break;
+  }
+  x.view.data = base;
+  const Shape strides = x.view.effective_strides();
+  for (std::int64_t flat = 0; flat < n; ++flat) {
+    std::int64_t offset = 0, rest = flat;
+    for (std::size_t d = s.size(); d-- > 0; rest /= s[d]) offset += rest % s[d] * strides[d];
+    const auto value = static_cast<float>(packed.get(flat));
+    std::memcpy(base + offset * 4, &value, 4);
+  }
+  return x;
+}
+
+// The SIMD forward transposes float32 query rows straight from the input and output rows
+// straight into the output, a run of consecutive rows of one head at a time, when the
+// rows are float-aligned with a non-negative stride, and through a row-major copy
+// otherwise. Every pairing of layouts gives the packed call's bits (GQA subtiles that
+// cross heads; decoding's one-vector subtiles at L = 1), and the packed call agrees
+// with the oracle.
+TEST(CpuForward, QueryAndOutputRowsOfAnyLayoutGiveThePackedBits) {
+  constexpr Layout kLayouts[] = {Layout::packed, Layout::misaligned, Layout::rows_reversed, Layout::heads_interleaved};
+  std::mt19937_64 rng(43);
+  for (std::int64_t L : {45, 1}) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const Tensor q = random_tensor(DType::float32, {2, 3, L, 40}, rng),
+                 k = random_tensor(DType::float32, {2, 1, 50, 40}, rng),
+                 v = random_tensor(DType::float32, {2, 1, 50, 24}, rng);
+    Options options;
+    options.causal = Causal::bottom_right;
+    ASSERT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), options).ok());
+    const Tensor packed = forward(q.view(), k.view(), v.view(), options).output;
+    for (Layout query_layout : kLayouts)
+      for (Layout output_layout : kLayouts) {
+        const LaidOut query = laid_out(q, query_layout);
+        LaidOut out = laid_out(Tensor(DType::float32, packed.shape()), output_layout);
+        forward(query.view, k.view(), v.view(), ForwardOutputs{out.view, std::nullopt, std::nullopt}, options);
+        EXPECT_TRUE(bitwise_equal(to_float64(out.view), to_float64(packed.view())))
+            << "query layout " << static_cast<int>(query_layout) << ", output layout "
+            << static_cast<int>(output_layout);
+      }
+  }
+}
+
 TEST(CpuForward, EmptyShapesReturnCorrectlyShapedResults) {
   std::mt19937_64 rng(11);
   // S = 0: zero output, lse −inf.

@@ -267,12 +267,23 @@ class Task {
       return;
     }
     const auto E = static_cast<std::size_t>(p_.E);
-    float* q_rows = s_.row_major.get();  // zero past the subtile's rows: their lanes compute 0
-    for (std::int64_t r = 0; r < rows; ++r)
-      LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
-    std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);
     float* qt = t.qt.get();
-    Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
+    float* q_rows = s_.row_major.get();
+    if (few_keys_ == 0 && FloatRows(p_.query) && p_.query.row_stride >= 0) {
+      // Straight from the input, a run of consecutive rows at a time (no row-major copy:
+      // for a small head it cost as much as the transpose).
+      ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
+        const Row& first = t.rows[r0];
+        Transpose(reinterpret_cast<const float*>(p_.query.address(first.matrix, first.i, 0)),
+                  static_cast<std::size_t>(p_.query.row_stride), r1 - r0, E, qt + r0, s_.rows);
+      });
+      for (std::size_t e = 0; e < E; ++e) std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r)
+        LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
+      std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);  // zero padding lanes compute 0
+      Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
+    }
     const float c = static_cast<float>(p_.scale * kLog2e);
     for (std::size_t x = 0; x < E * s_.rows; ++x) qt[x] *= c;
     // The int8 decode kernels read Q row-major (int8_rows-inl.h), scaled alike.
@@ -445,22 +456,40 @@ class Task {
     }
   }
 
-  void StoreOutputs(const Subtile& t) {
-    float* out_rows = s_.row_major.get();
-    Transpose(t.ot.get(), s_.rows, static_cast<std::size_t>(p_.Ev), t.rows.size(), out_rows,
-              static_cast<std::size_t>(p_.Ev));
+  // O = Oᵀ / l, lane-wise in place (a row no key reached, l = 0, gives 0; a NaN row stays
+  // NaN), then transposed into the output rows, straight into a float32 output a run of
+  // consecutive rows at a time; lse = m·ln2 + ln l.
+  void StoreOutputs(Subtile& t) {
+    const DF df;
+    float* ot = t.ot.get();
+    for (std::size_t lane0 = 0; lane0 < s_.rows; lane0 += n_) {
+      const VF l = hn::Load(df, t.l.get() + lane0);
+      const auto unreached = hn::Eq(l, hn::Zero(df));
+      const VF inverse = hn::Div(hn::Set(df, 1.0f), l);
+      for (std::int64_t d = 0; d < p_.Ev; ++d) {
+        float* at = ot + d * s_.rows + lane0;
+        hn::Store(hn::IfThenZeroElse(unreached, hn::Mul(hn::Load(df, at), inverse)), df, at);
+      }
+    }
+    const auto Ev = static_cast<std::size_t>(p_.Ev);
+    if (FloatRows(p_.output) && p_.output.row_stride > 0) {
+      ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
+        const Row& first = t.rows[r0];
+        Transpose(ot + r0, s_.rows, Ev, r1 - r0, reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
+                  static_cast<std::size_t>(p_.output.row_stride));
+      });
+    } else {
+      float* out_rows = s_.row_major.get();
+      Transpose(ot, s_.rows, Ev, t.rows.size(), out_rows, Ev);
+      for (std::size_t r = 0; r < t.rows.size(); ++r)
+        StoreRow(p_.output, t.rows[r].matrix, t.rows[r].i, 0, p_.Ev, out_rows + r * Ev);
+    }
+    if (!p_.lse.present()) return;
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
-      const Row& row = t.rows[r];
       const float l = t.l[r];
-      const bool fully_masked = l == 0.0f;  // no key contributed (NaN rows have l = NaN)
-      const float inverse = fully_masked ? 0.0f : 1.0f / l;
-      float* out_row = out_rows + r * p_.Ev;
-      for (std::int64_t d = 0; d < p_.Ev; ++d) out_row[d] = fully_masked ? 0.0f : out_row[d] * inverse;
-      StoreRow(p_.output, row.matrix, row.i, 0, p_.Ev, out_row);
-      if (p_.lse.present())
-        p_.lse.store<double>(
-            row.matrix, row.i, 0,
-            fully_masked ? -std::numeric_limits<double>::infinity() : t.m[r] * kLn2 + std::log(static_cast<double>(l)));
+      p_.lse.store<double>(
+          t.rows[r].matrix, t.rows[r].i, 0,
+          l == 0.0f ? -std::numeric_limits<double>::infinity() : t.m[r] * kLn2 + std::log(static_cast<double>(l)));
     }
   }
 

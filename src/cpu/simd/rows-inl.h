@@ -158,11 +158,17 @@ inline void ScaleColumns(float* xt, std::size_t rows, std::int64_t cols, const f
 // when it already is (no copy; the kernels read it through float pointers, so it must be
 // float-aligned), else converted into `tile`, zero-padded to `padded` rows so that whole
 // register blocks can run over it.
+// Whether `op`'s rows are float32 rows that the kernels may read (or write) through float
+// pointers: unit column stride, not paged, float-aligned (a caller's float32 tensor may
+// start at any address; every element then lies 4 bytes apart from it).
+inline bool FloatRows(const Operand& op) {
+  return op.dtype == DType::float32 && op.col_stride == 1 && !op.paged() &&
+         reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
+}
+
 inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                                  std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
-  if (op.dtype == DType::float32 && op.col_stride == 1 && !op.paged() && cols == padded && aligned(op.data) &&
-      aligned(op.address(matrix, j0, 0))) {
+  if (FloatRows(op) && cols == padded) {
     *stride = op.row_stride;
     return reinterpret_cast<const float*>(op.address(matrix, j0, 0));
   }
@@ -186,6 +192,20 @@ struct RowSet {
   std::int64_t max_key_begin = 0;  // every row sees the keys in [max_key_begin, min_key_end)
   std::int64_t min_key_end = 0;
 };
+
+// f(r0, r1) for each run [r0, r1) of `rows` that are consecutive rows of one matrix,
+// e.g. a subtile's rows of one head (GQA subtiles cross heads): each run is one strided
+// block to transpose straight from the input or into the output.
+template <class F>
+void ForEachRun(const std::vector<Row>& rows, F&& f) {
+  const auto continues = [&](std::size_t r) {
+    return rows[r].matrix == rows[r - 1].matrix && rows[r].i == rows[r - 1].i + 1;
+  };
+  for (std::size_t r0 = 0, r1; r0 < rows.size(); r0 = r1) {
+    for (r1 = r0 + 1; r1 < rows.size() && continues(r1);) ++r1;
+    f(r0, r1);
+  }
+}
 
 // Fills `set` with rows [first, first + count) of the flattened (group heads × L) query
 // rows that share KV head `head_kv` of batch `b` (GQA: a KV head serves Hq/Hkv query
