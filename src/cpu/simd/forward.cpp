@@ -349,26 +349,33 @@ class Task {
   // The online-softmax step: turns Sᵀ into Pᵀ, updates m and l, rescales Oᵀ.
   void UpdateSoftmax(Subtile& t, std::int64_t j0, std::int64_t cols) {
     const DF df;
+    // Locals, not members: a vector store may alias anything (the x86 vector types are
+    // may_alias), so a bound read through `this` would be reloaded after every store.
     float* st = s_.st.get();
-    for (std::size_t v = 0; v < kVectors; ++v) {
-      const std::size_t lane0 = v * n_;
+    const std::size_t rows = s_.rows;
+    const std::int64_t padded = padded_cols_, Ev = p_.Ev;
+    for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF m_old = hn::Load(df, t.m.get() + lane0);
       VF m_new = m_old;
-      for (std::int64_t c = 0; c < padded_cols_; ++c) m_new = hn::Max(m_new, hn::Load(df, st + c * s_.rows + lane0));
+      for (std::int64_t c = 0; c < padded; ++c) m_new = hn::Max(m_new, hn::Load(df, st + c * rows + lane0));
       // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
       const VF alpha = Exp2(df, hn::Sub(m_old, m_use));
       VF sum = hn::Zero(df);
-      for (std::int64_t c = 0; c < padded_cols_; ++c) {
-        const VF prob = Exp2(df, hn::Sub(hn::Load(df, st + c * s_.rows + lane0), m_use));
-        hn::Store(prob, df, st + c * s_.rows + lane0);
+      for (std::int64_t c = 0; c < padded; ++c) {
+        float* at = st + c * rows + lane0;
+        const VF prob = Exp2(df, hn::Sub(hn::Load(df, at), m_use));
+        hn::Store(prob, df, at);
         sum = hn::Add(sum, prob);
       }
       hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, sum), df, t.l.get() + lane0);
       hn::Store(m_new, df, t.m.get() + lane0);
+      // α = 0 in every lane (no key seen before: the first tile) leaves Oᵀ as it is: it
+      // holds only +0, or NaN from a NaN value under a zero weight, and both times 0 are
+      // themselves.
+      if (hn::AllTrue(df, hn::Eq(alpha, hn::Zero(df)))) continue;
       float* ot = t.ot.get() + lane0;
-      for (std::int64_t d = 0; d < p_.Ev; ++d)
-        hn::Store(hn::Mul(hn::Load(df, ot + d * s_.rows), alpha), df, ot + d * s_.rows);
+      for (std::int64_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
     }
     if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
   }
@@ -462,25 +469,25 @@ class Task {
   void StoreOutputs(Subtile& t) {
     const DF df;
     float* ot = t.ot.get();
-    for (std::size_t lane0 = 0; lane0 < s_.rows; lane0 += n_) {
+    const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // not reloaded after each store
+    for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF l = hn::Load(df, t.l.get() + lane0);
       const auto unreached = hn::Eq(l, hn::Zero(df));
       const VF inverse = hn::Div(hn::Set(df, 1.0f), l);
-      for (std::int64_t d = 0; d < p_.Ev; ++d) {
-        float* at = ot + d * s_.rows + lane0;
+      for (std::size_t d = 0; d < Ev; ++d) {
+        float* at = ot + d * rows + lane0;
         hn::Store(hn::IfThenZeroElse(unreached, hn::Mul(hn::Load(df, at), inverse)), df, at);
       }
     }
-    const auto Ev = static_cast<std::size_t>(p_.Ev);
     if (FloatRows(p_.output) && p_.output.row_stride > 0) {
       ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
         const Row& first = t.rows[r0];
-        Transpose(ot + r0, s_.rows, Ev, r1 - r0, reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
+        Transpose(ot + r0, rows, Ev, r1 - r0, reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
                   static_cast<std::size_t>(p_.output.row_stride));
       });
     } else {
       float* out_rows = s_.row_major.get();
-      Transpose(ot, s_.rows, Ev, t.rows.size(), out_rows, Ev);
+      Transpose(ot, rows, Ev, t.rows.size(), out_rows, Ev);
       for (std::size_t r = 0; r < t.rows.size(); ++r)
         StoreRow(p_.output, t.rows[r].matrix, t.rows[r].i, 0, p_.Ev, out_rows + r * Ev);
     }
