@@ -1,9 +1,10 @@
 // The SIMD kernels' building blocks, tested one by one on every x86 target this build
 // compiles and this CPU runs, as Highway's own tests do (HWY_EXPORT_AND_TEST_P runs a
 // per-target function once per target): 2^x, the score blocks and tiles, the accumulate
-// blocks, the backward's rank update, row loads and stores of every dtype, and the
-// log-sum-exp merge of split keys — each against the same computation in float64. A target whose
-// microkernel is wrong fails here by name, before the whole-kernel tests
+// blocks, the transposes between row-major and lane-major tiles, the backward's rank
+// update, row loads and stores of every dtype, and the log-sum-exp merge of split keys —
+// each against the same computation in float64. A target whose microkernel is wrong
+// fails here by name, before the whole-kernel tests
 // (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
 #include <gtest/gtest.h>
 
@@ -28,6 +29,7 @@
 #include "cpu/simd/lse_merge-inl.h"
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
+#include "cpu/simd/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -161,6 +163,25 @@ HWY_NOINLINE void TestScoreTile() {
   CheckScoreTile<1>();
   CheckScoreTile<2>();
   CheckScoreTile<3>();
+}
+
+// Whole 8 × 8 blocks, single elements and the edges between them, with strides wider
+// than the matrices: the transpose exactly, and nothing written between
+// the output's rows.
+HWY_NOINLINE void TestTranspose() {
+  std::mt19937 rng(6);
+  for (std::size_t rows : {1, 7, 8, 15, 16, 17, 33, 48})
+    for (std::size_t cols : {1, 8, 9, 16, 24, 40, 64}) {
+      const std::size_t in_stride = cols + 3, out_stride = rows + 5;
+      const auto in = RandomFloats(rows * in_stride, rng);
+      auto out = hwy::AllocateAligned<float>(cols * out_stride);
+      for (std::size_t x = 0; x < cols * out_stride; ++x) out[x] = -7.0f;
+      Transpose(in.get(), in_stride, rows, cols, out.get(), out_stride);
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t r = 0; r < out_stride; ++r)
+          EXPECT_EQ(out[c * out_stride + r], r < rows ? in[r * in_stride + c] : -7.0f)
+              << rows << " x " << cols << ": row " << r << " column " << c;
+    }
 }
 
 template <std::size_t Vectors>
@@ -331,6 +352,7 @@ HWY_BEFORE_TEST(Microkernels);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestExp2);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreBlock);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreTile);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestTranspose);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestAccumulate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRankUpdate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRowLoadStore);
