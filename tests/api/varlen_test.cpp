@@ -175,6 +175,26 @@ TEST(Varlen, EqualsForwardOnEachSequenceAlone) {
       }
 }
 
+// The same bits as each sequence alone, not only the same values within a tolerance:
+// here each sequence's 192 query rows take 3-vector subtiles in the packed call (16 tasks
+// of 192 rows in all) and 2-vector subtiles alone (8 tasks), and the long keys split for
+// decoding — the splits must not depend on the blocking.
+TEST(Varlen, SplitKeySequencesGiveTheBitsOfTheSequenceAlone) {
+  const Lengths lengths = {{192, 8192}, {192, 8192}};
+  VarlenInputs in = make_varlen(DType::float32, 8, 8, 16, 16, lengths, 91);
+  Options o;
+  o.backend = Backend::cpu;
+  const ForwardResult packed = forward_varlen(in.q.view, in.k.view, in.v.view, in.seqs, o);
+  for (std::int64_t b = 0; b < in.batch; ++b) {
+    const auto [q0, q1, k0, k1] = rows_of(in.seqs, b);
+    const ForwardResult alone = forward(sequence_rows(in.q.view, q0, q1), sequence_rows(in.k.view, k0, k1),
+                                        sequence_rows(in.v.view, k0, k1), o);
+    EXPECT_TRUE(bitwise_equal(to_float64(sequence_rows(packed.output.view(), q0, q1)),
+                              to_float64(alone.output.view())))
+        << "sequence " << b;
+  }
+}
+
 // Against the oracle directly (not only against forward() of the same backend): the
 // CPU's packed result for each sequence by the tolerance rule's float32 bound.
 TEST(Varlen, CpuMatchesOracleFormulaPerSequence) {

@@ -71,12 +71,16 @@ TEST(CpuForwardModifiers, Float32MatchesOracle) {
 
 // Subtiles of 3 row vectors (48 query rows on AVX-512), which the forward takes when every
 // KV head's group of query rows fills them (288 and 384 rows here) and the call has at
-// least 16 tasks of 192 rows: every modifier, float32 and float16 (promoted tile by
-// tile), dropout, and the same bits for 1, 2 and 3 threads.
+// least 16 tasks of 192 rows (32 here, 16 in the split-key case): every modifier,
+// float32 and float16 (promoted tile by tile), dropout, decoding's split keys (S = 4096
+// with 24 tasks of the 2-vector size: 2 splits merged), and the same bits for 1, 2 and
+// 3 threads.
 TEST(CpuForwardModifiers, ThreeVectorSubtilesMatchOracle) {
-  run_dtype_grid(DType::float32, {{2, 8, 4, 144, 150, 64, 40}, {4, 8, 2, 96, 97, 7, 7}});
-  run_dtype_grid(DType::float16, {{2, 8, 4, 144, 100, 17, 24}});
-  Case c = with({2, 8, 4, 144, 150, 64, 40}, kModifierGrid[3], DType::float32);
+  run_dtype_grid(DType::float32, {{4, 8, 4, 144, 100, 32, 24}, {8, 8, 2, 96, 97, 7, 7}});
+  run_dtype_grid(DType::float16, {{4, 8, 4, 144, 60, 17, 24}});
+  Case split = with({1, 8, 8, 288, 4096, 16, 16}, kModifierGrid[4], DType::float32);
+  expect_cpu_agrees(split, 30);
+  Case c = with({4, 8, 4, 144, 100, 32, 24}, kModifierGrid[3], DType::float32);
   c.dropout_p = 0.2;
   expect_cpu_agrees(c, 31);
   Inputs in = make_inputs(c, 32);

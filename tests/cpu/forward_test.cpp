@@ -272,6 +272,31 @@ TEST(CpuForward, LargeLogitsStayFiniteWithinTheConditioningBound) {
   EXPECT_TRUE(a.ok()) << a.describe();
 }
 
+// A row's max that rises by more than 125 (log2 units) from one key tile to the next:
+// α = 2^(m − m') is then exactly 0, and the first tile's contributions must be dropped
+// from Oᵀ, not kept. Every row of a subtile jumps together (the kernel once skipped the
+// rescale when α was 0 in every lane). Subtiles of 1, 2 and 3 row vectors: L = 16, 64,
+// and 16 batch elements of 48 rows.
+TEST(CpuForward, MaxJumpBetweenKeyTilesDropsTheEarlierKeys) {
+  for (auto [B, L] : {std::pair<std::int64_t, std::int64_t>{1, 16}, {1, 64}, {16, 48}}) {
+    SCOPED_TRACE("B = " + std::to_string(B) + ", L = " + std::to_string(L));
+    const std::int64_t S = 192;
+    Tensor q(DType::float32, {B, 1, L, 1}), k(DType::float32, {B, 1, S, 1}), v(DType::float32, {B, 1, S, 1});
+    for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 1.0);
+    for (std::int64_t j = 0; j < k.numel(); ++j) {
+      const bool later = j % S >= S / 2;  // the second 96-key tile
+      k.set(j, later ? 100.0 : 0.0);      // scores 0, then 100 (144 in log2 units)
+      v.set(j, later ? 0.0 : 1.0);        // so the output is e^-100-small, not 1
+    }
+    Options options;
+    options.scale = 1.0;
+    const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+    EXPECT_TRUE(a.ok()) << a.describe();
+    const Tensor out = forward(q.view(), k.view(), v.view(), options).output;
+    EXPECT_LT(max_abs(out), 1e-30);
+  }
+}
+
 // NaN in an unmasked input reaches the output (pytorch#141128 turned them into 0).
 TEST(CpuForward, NaNInUnmaskedInputsPropagates) {
   std::mt19937_64 rng(9);
@@ -491,8 +516,8 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
 }
 
 // 64-bit offsets: key and value rows 2^30 + 16 elements apart in a sparse mapping, 12 of
-// them (a whole key block, so the kernels read them in place), reaching past 2^33
-// elements. A 32-bit offset would wrap and read the wrong rows.
+// them (read in place by the kernels), reaching past 2^33 elements. A 32-bit offset
+// would wrap and read the wrong rows.
 TEST(CpuForward, SixtyFourBitOffsets) {
   const std::int64_t row_stride = (std::int64_t{1} << 30) + 16, rows = 12;
   const std::size_t bytes = static_cast<std::size_t>(row_stride * (rows - 1) + 64) * sizeof(float);

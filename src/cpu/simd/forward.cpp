@@ -67,9 +67,9 @@ constexpr double kLn2 = 0.6931471805599453;
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 
 // One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
-// AVX-512: see ForwardFloat32) and its running state. A task holds several, so that each K/V tile, once loaded into the
-// cache, serves all of them (long sequences would otherwise stream K and V from memory
-// once per 32 queries).
+// AVX-512: see ForwardFloat32) and its running state. A task holds several, so that
+// each K/V tile, once loaded into the cache, serves all of them (long sequences would
+// otherwise stream K and V from memory once per 32 queries).
 struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
   hwy::AlignedFreeUniquePtr<float[]> q_rows;        // int8 decode: Q (scaled) row-major, kFewRows × E
@@ -294,7 +294,7 @@ class Task {
   // Columns of Sᵀ that the softmax runs over for a tile of `cols` keys: the bfloat16
   // kernels write whole 12-key blocks, ScoreTile a shorter last block.
   std::int64_t PaddedColumns(std::int64_t cols) const {
-    return bf16_ ? RoundUp(cols, kKeyBlock) : ScoreTileColumns<kVectors>(cols);
+    return bf16_ ? RoundUp(cols, bf16::kKeyBlock) : ScoreTileColumns<kVectors>(cols);
   }
 
   // K rows [j0, j0+cols) (an int8 K widened to float32 q, exactly, and its scales loaded
@@ -370,10 +370,11 @@ class Task {
       }
       hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, sum), df, t.l.get() + lane0);
       hn::Store(m_new, df, t.m.get() + lane0);
-      // α = 0 in every lane (no key seen before: the first tile) leaves Oᵀ as it is: it
-      // holds only +0, or NaN from a NaN value under a zero weight, and both times 0 are
-      // themselves.
-      if (hn::AllTrue(df, hn::Eq(alpha, hn::Zero(df)))) continue;
+      // No key seen yet in any lane (m = −inf: the subtile's first tile): Oᵀ holds only
+      // +0, or NaN from a NaN or infinite value under a zero weight, so α = 0 would leave
+      // it as it is. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose
+      // max rises that far between tiles must still have its Oᵀ zeroed.)
+      if (hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df))))) continue;
       float* ot = t.ot.get() + lane0;
       for (std::int64_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
     }
@@ -553,7 +554,11 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   const Problem& first = problems[0];
   const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(kVectors * hn::Lanes(DF()));
   const std::int64_t state_size = kSubtiles * StateSize<kVectors>(first);  // one task's rows, one split
-  const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kKeyTile, state_size);
+  // Key splits as for 2-vector subtiles whatever kVectors is (work_split.h): a varlen
+  // sequence may take 3 vectors in its call and 2 alone.
+  const std::int64_t split_rows_per_task = kSubtiles * 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+  const ForwardSchedule schedule =
+      schedule_forward(problems, count, rows_per_task, split_rows_per_task, kKeyTile, state_size);
   if (schedule.plans.empty()) return;
   const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
@@ -619,12 +624,12 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
 // Whether the call runs faster in subtiles of 3 row vectors (AVX-512: 8 keys × 3 vectors
 // in Q·Kᵀ, 8 dims × 3 vectors in P·V) than of 2 (12 keys × 2, 8 dims × 2). The wider
 // block loads each K and V element once per 48 query rows instead of 32 and issues fewer
-// instructions per FMA: 7–16 % less time at L = S = 2048, E = 128 on the Cascade Lake
-// Xeon of bench/RESULTS.md (docs/performance.md). It pays when every KV head's group of
-// query rows fills 48-row subtiles with at most 1/16 of the lanes padding, and when the
-// call has enough of its larger tasks (192 rows) to share among threads. Decided by the
-// shapes alone, never the thread count: the two blockings round differently, and a
-// call's bits must not depend on how many threads ran it.
+// instructions per FMA: a fifth less time at L = S = 2048 on the Cascade Lake Xeon of
+// bench/RESULTS.md (docs/performance.md). It pays when every KV head's group of query
+// rows fills 48-row subtiles with at most 1/16 of the lanes padding, and when the call
+// has enough of its larger tasks (192 rows) to share among threads. Decided by the
+// shapes alone. It changes no bits: a lane's sums run in the same order either way, and
+// the key splits are counted for 2-vector tasks either way (schedule_forward).
 constexpr std::int64_t kThreeVectorMinTasks = 16;
 bool ThreeVectorsPay(const Problem* problems, std::int64_t count, std::int64_t lanes) {
   const std::int64_t task_rows = kSubtiles * 3 * lanes;

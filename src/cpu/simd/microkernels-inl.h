@@ -1,6 +1,6 @@
 // The register-blocked microkernels of the SIMD forward and backward (simd/forward.cpp,
 // simd/backward.cpp) and their tile constants. Tiles are held transposed, query rows
-// along the vector lanes (a subtile is 2 vectors of rows), so every product is a
+// along the vector lanes (a subtile is 1, 2 or 3 vectors of rows), so every product is a
 // broadcast of one K, V or weight element against a row of lanes: no horizontal sums.
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
@@ -33,10 +33,10 @@ using VF = hn::Vec<DF>;
 constexpr std::size_t kKeyBlock = HWY_MAX_BYTES >= 64 ? 12 : 6;
 constexpr std::size_t kValueBlock = HWY_MAX_BYTES >= 64 ? 8 : 4;
 // Keys per score block for a subtile of `Vectors` row vectors: 3 vectors leave registers
-// for 8 keys (24 accumulators, 3 Qᵀ loads and 8 broadcasts per 24 FMAs, against 2 and 12
-// for 2 vectors × 12 keys).
+// for two thirds of the keys (8 on AVX-512: 24 accumulators, 3 Qᵀ loads and 8 broadcasts
+// per 24 FMAs, against 2 and 12 for 2 vectors × 12 keys).
 template <std::size_t Vectors>
-constexpr std::size_t kKeyBlockOf = Vectors >= 3 ? 8 : kKeyBlock;
+constexpr std::size_t kKeyBlockOf = Vectors >= 3 ? kKeyBlock * 2 / 3 : kKeyBlock;
 constexpr std::int64_t kKeyTile = 96;  // keys per step: a multiple of every key block
 constexpr std::int64_t kSubtiles = 4;  // subtiles (of 1, 2 or 3 row vectors) that share each K/V tile
 static_assert(kKeyTile % kKeyBlock == 0 && kKeyTile % kKeyBlockOf<3> == 0);

@@ -154,10 +154,6 @@ inline void ScaleColumns(float* xt, std::size_t rows, std::int64_t cols, const f
   }
 }
 
-// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
-// when it already is (no copy; the kernels read it through float pointers, so it must be
-// float-aligned), else converted into `tile`, zero-padded to `padded` rows so that whole
-// register blocks can run over it.
 // Whether `op`'s rows are float32 rows that the kernels may read (or write) through float
 // pointers: unit column stride, not paged, float-aligned (a caller's float32 tensor may
 // start at any address; every element then lies 4 bytes apart from it).
@@ -165,6 +161,11 @@ inline bool FloatRows(const Operand& op) {
   return op.dtype == DType::float32 && op.col_stride == 1 && !op.paged() &&
          reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
 }
+
+// Rows [j0, j0+cols) of K or V as float32 with unit column stride: the input itself
+// when it already is (no copy), else converted into `tile`, zero-padded to `padded` rows
+// so that whole register blocks can run over it. The forward asks for no padding
+// (ScoreTile reads no row past cols); the backward's score blocks still need it.
 
 inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                                  std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
