@@ -87,6 +87,19 @@ TEST(QuantizedKV, PrefillAndGqaMatchOracle) {
       }
 }
 
+// Long query groups on AVX-512 take subtiles of 3 row vectors (simd/forward.cpp:
+// ThreeVectorsPay: here 4 batch elements × 4 KV heads of 288 query rows, 32 tasks), whose
+// K and V tiles widen int8 to float32 the same way.
+TEST(QuantizedKV, ThreeVectorSubtilesMatchOracle) {
+  Shape4 s;
+  s.B = 4, s.Hkv = 4, s.Hq = 8, s.L = 144, s.S = 130, s.E = 24, s.Ev = 16;
+  for (int which = 0; which < 3; ++which) {
+    Quantized c = make_quantized(s, DType::float32, 400 + which, which != 2, which != 1);
+    c.options.causal = which == 1 ? Causal::bottom_right : Causal::none;
+    expect_agrees(c, "which " + std::to_string(which));
+  }
+}
+
 // Every query dtype: bfloat16 and float16 queries read int8 K/V on the float32 path,
 // float64 ones on the float64 path (exact dequantization per tile).
 TEST(QuantizedKV, EveryQueryDtypeMatchesOracle) {
