@@ -166,7 +166,6 @@ inline bool FloatRows(const Operand& op) {
 // when it already is (no copy), else converted into `tile`, zero-padded to `padded` rows
 // so that whole register blocks can run over it. The forward asks for no padding
 // (ScoreTile reads no row past cols); the backward's score blocks still need it.
-
 inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                                  std::int64_t padded, std::int64_t width, float* tile, std::int64_t* stride) {
   if (FloatRows(op) && cols == padded) {
