@@ -51,8 +51,7 @@ const ForwardPlan& ForwardSchedule::plan_of_merge(std::int64_t merge) const {
 }
 
 ForwardSchedule schedule_forward(const Problem* problems, std::int64_t count, std::int64_t rows_per_task,
-                                 std::int64_t split_rows_per_task, std::int64_t key_tile,
-                                 std::int64_t state_floats_per_split) {
+                                 std::int64_t key_tile, std::int64_t state_floats_per_split) {
   ForwardSchedule schedule;
   for (std::int64_t n = 0; n < count; ++n) {
     const Problem& p = problems[n];
@@ -61,8 +60,7 @@ ForwardSchedule schedule_forward(const Problem* problems, std::int64_t count, st
                      schedule.units, schedule.merges, schedule.state_floats};
     plan.tiles = (plan.group_rows + rows_per_task - 1) / rows_per_task;
     plan.tasks = p.batch * p.heads_kv * plan.tiles;
-    const std::int64_t split_tiles = (plan.group_rows + split_rows_per_task - 1) / split_rows_per_task;
-    plan.splits = forward_key_splits(p, p.batch * p.heads_kv * split_tiles);
+    plan.splits = forward_key_splits(p, plan.tasks);
     plan.split_keys = round_up(p.S / plan.splits, key_tile);
     schedule.units += plan.tasks * plan.splits;
     if (plan.splits > 1) {

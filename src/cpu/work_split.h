@@ -51,13 +51,9 @@ struct ForwardSchedule {
   const ForwardPlan& plan_of_merge(std::int64_t merge) const;
 };
 
-// `state_floats_per_split`: one task's split state (its rows' m, l and Oᵀ). The key
-// splits are counted as if tasks had `split_rows_per_task` rows: the same for every
-// blocking of the rows (1, 2 or 3 vectors per subtile), so that a problem's splits —
-// and its bits — are those of the same problem in any call (a varlen sequence alone).
+// `state_floats_per_split`: one task's split state (its rows' m, l and Oᵀ).
 ForwardSchedule schedule_forward(const Problem* problems, std::int64_t count, std::int64_t rows_per_task,
-                                 std::int64_t split_rows_per_task, std::int64_t key_tile,
-                                 std::int64_t state_floats_per_split);
+                                 std::int64_t key_tile, std::int64_t state_floats_per_split);
 
 // The backward's tasks: (batch, KV head, key chunk), each owning dK and dV of its keys;
 // with more than one chunk a second pass of (batch, KV head, query block) computes dQ.

@@ -70,7 +70,7 @@ TEST(CpuForwardModifiers, Float32MatchesOracle) {
 }
 
 // Subtiles of 3 row vectors (48 query rows on AVX-512), which the forward takes when every
-// KV head's group of query rows fills them (288 and 384 rows here) and the call has at
+// KV head's group of query rows fills them (288 and 384 rows here) and the problem has at
 // least 16 tasks of 192 rows (32 here, 16 in the split-key case): every modifier,
 // float32 and float16 (promoted tile by tile), dropout, decoding's split keys (S = 4096
 // with 24 tasks of the 2-vector size: 2 splits merged), and the same bits for 1, 2 and

@@ -275,8 +275,8 @@ TEST(CpuForward, LargeLogitsStayFiniteWithinTheConditioningBound) {
 // A row's max that rises by more than 125 (log2 units) from one key tile to the next:
 // α = 2^(m − m') is then exactly 0, and the first tile's contributions must be dropped
 // from Oᵀ, not kept. Every row of a subtile jumps together (the kernel once skipped the
-// rescale when α was 0 in every lane). Subtiles of 1, 2 and 3 row vectors: L = 16, 64,
-// and 16 batch elements of 48 rows.
+// rescale when α was 0 in every lane). Subtiles of 1, 2 and 3 row vectors (on AVX-512):
+// L = 16, 64, and 16 batch elements of 48 rows.
 TEST(CpuForward, MaxJumpBetweenKeyTilesDropsTheEarlierKeys) {
   for (auto [B, L] : {std::pair<std::int64_t, std::int64_t>{1, 16}, {1, 64}, {16, 48}}) {
     SCOPED_TRACE("B = " + std::to_string(B) + ", L = " + std::to_string(L));

@@ -53,6 +53,18 @@ Quantized make_quantized(const Shape4& s, DType query_dtype, std::uint64_t seed,
   return c;
 }
 
+// Rows [r0, r0 + n) along dim 1 of a (H, total[, dim]) view, as a (1, H, n[, dim]) view
+// of the same memory: one varlen sequence by itself.
+TensorView sequence_rows(const TensorView& t, std::int64_t r0, std::int64_t n) {
+  TensorView view = t;
+  view.strides = t.effective_strides();
+  view.data = static_cast<std::byte*>(t.data) + r0 * view.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  view.shape[1] = n;
+  view.shape.insert(view.shape.begin(), 1);
+  view.strides.insert(view.strides.begin(), 0);
+  return view;
+}
+
 void expect_agrees(const Quantized& c, const std::string& what) {
   const Agreement a = compare_with_oracle(c.q.view(), c.key(), c.value(), c.options);
   EXPECT_TRUE(a.ok()) << what << ": " << a.describe();
@@ -97,6 +109,37 @@ TEST(QuantizedKV, ThreeVectorSubtilesMatchOracle) {
     Quantized c = make_quantized(s, DType::float32, 400 + which, which != 2, which != 1);
     c.options.causal = which == 1 ? Causal::bottom_right : Causal::none;
     expect_agrees(c, "which " + std::to_string(which));
+  }
+}
+
+// Sequences of 962 query rows: the last task of a sequence is short enough (≤ kFewRows
+// rows) for the int8 decode kernels, which round differently from the tiles, under one
+// blocking of the rows (3 vectors: 962 − 5·192 = 2 rows) and not the other (2 vectors:
+// 962 − 7·128 = 66). The blocking is decided per sequence, so each sequence gets the
+// bits it gets alone.
+TEST(QuantizedKV, VarlenSequencesGiveTheBitsOfEachSequenceAlone) {
+  std::mt19937_64 rng(901);
+  const std::int64_t sequences = 4, L = 962, S = 64, E = 64, Ev = 16;
+  const Tensor q = random_tensor(DType::float32, {1, sequences * L, E}, rng);
+  const Tensor k = random_tensor(DType::float32, {1, sequences * S, E}, rng),
+               v = random_tensor(DType::float32, {1, sequences * S, Ev}, rng);
+  const QuantizedKV k8 = quantize_kv(k.view());
+  VarlenSequences seqs;
+  for (std::int64_t b = 0; b <= sequences; ++b) {
+    seqs.cu_seqlens_q.push_back(b * L);
+    seqs.cu_seqlens_k.push_back(b * S);
+  }
+  Options o;
+  o.key_scale = k8.scale.view();
+  const ForwardResult packed = forward_varlen(q.view(), k8.values.view(), v.view(), seqs, o);
+  for (std::int64_t b = 0; b < sequences; ++b) {
+    Options ob = o;
+    ob.key_scale = sequence_rows(k8.scale.view(), b * S, S);
+    const ForwardResult alone = forward(sequence_rows(q.view(), b * L, L), sequence_rows(k8.values.view(), b * S, S),
+                                        sequence_rows(v.view(), b * S, S), ob);
+    EXPECT_TRUE(
+        bitwise_equal(to_float64(sequence_rows(packed.output.view(), b * L, L)), to_float64(alone.output.view())))
+        << "sequence " << b;
   }
 }
 
@@ -265,15 +308,7 @@ TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
   o.key_scale = k8.scale.view();
   o.value_scale = v8.scale.view();
   const ForwardResult packed = forward_varlen(q.view(), k8.values.view(), v8.values.view(), {cu_q, cu_k}, o);
-  auto rows = [](const TensorView& t, std::int64_t r0, std::int64_t n) {  // rows [r0, r0+n) of dim 1, as (1, H, n, ...)
-    TensorView view = t;
-    view.strides = t.effective_strides();
-    view.data = static_cast<std::byte*>(t.data) + r0 * view.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
-    view.shape[1] = n;
-    view.shape.insert(view.shape.begin(), 1);
-    view.strides.insert(view.strides.begin(), 0);
-    return view;
-  };
+  const auto rows = sequence_rows;
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
     const std::int64_t L = cu_q[b + 1] - cu_q[b], S = cu_k[b + 1] - cu_k[b];
     Options ob = o;

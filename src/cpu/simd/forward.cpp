@@ -328,7 +328,7 @@ class Task {
       for (std::int64_t c = 0; c < cols; ++c) std::fill(st + c * s_.rows + few_keys_, st + (c + 1) * s_.rows, 0.0f);
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
-      for (std::int64_t c = 0; c < padded; c += kKeyBlock)
+      for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
     } else {
       ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows);
@@ -554,11 +554,7 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   const Problem& first = problems[0];
   const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(kVectors * hn::Lanes(DF()));
   const std::int64_t state_size = kSubtiles * StateSize<kVectors>(first);  // one task's rows, one split
-  // Key splits as for 2-vector subtiles whatever kVectors is (work_split.h): a varlen
-  // sequence may take 3 vectors in its call and 2 alone.
-  const std::int64_t split_rows_per_task = kSubtiles * 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
-  const ForwardSchedule schedule =
-      schedule_forward(problems, count, rows_per_task, split_rows_per_task, kKeyTile, state_size);
+  const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kKeyTile, state_size);
   if (schedule.plans.empty()) return;
   const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.
@@ -621,26 +617,23 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   if (std::max(first.E, first.Ev) > kLargestKeptDim) cache.Release();
 }
 
-// Whether the call runs faster in subtiles of 3 row vectors (AVX-512: 8 keys × 3 vectors
+// Whether a problem runs faster in subtiles of 3 row vectors (AVX-512: 8 keys × 3 vectors
 // in Q·Kᵀ, 8 dims × 3 vectors in P·V) than of 2 (12 keys × 2, 8 dims × 2). The wider
 // block loads each K and V element once per 48 query rows instead of 32 and issues fewer
 // instructions per FMA: a fifth less time at L = S = 2048 on the Cascade Lake Xeon of
 // bench/RESULTS.md (docs/performance.md). It pays when every KV head's group of query
-// rows fills 48-row subtiles with at most 1/16 of the lanes padding, and when the call
-// has enough of its larger tasks (192 rows) to share among threads. Decided by the
-// shapes alone. It changes no bits: a lane's sums run in the same order either way, and
-// the key splits are counted for 2-vector tasks either way (schedule_forward).
+// rows fills 48-row subtiles with at most 1/16 of the lanes padding, and when the
+// problem has enough of the larger tasks (192 rows) to share among threads. Decided per
+// problem, from its shape alone: the blocking groups rows into subtiles differently
+// (which rows see 0·V of a key only a neighbour sees, NaN if V is; which task is short
+// enough for the int8 decode kernels), so a varlen sequence must get the blocking it
+// gets alone.
 constexpr std::int64_t kThreeVectorMinTasks = 16;
-bool ThreeVectorsPay(const Problem* problems, std::int64_t count, std::int64_t lanes) {
-  const std::int64_t task_rows = kSubtiles * 3 * lanes;
-  std::int64_t tasks = 0;
-  for (const Problem* p = problems; p != problems + count; ++p) {
-    if (p->heads_kv == 0) continue;
-    const std::int64_t rows = p->heads_q / p->heads_kv * p->L;
-    if ((RoundUp(rows, 3 * lanes) - rows) * 16 > rows) return false;
-    tasks += p->batch * p->heads_kv * ((rows + task_rows - 1) / task_rows);
-  }
-  return tasks >= kThreeVectorMinTasks;
+bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
+  if (p.heads_kv == 0) return false;
+  const std::int64_t rows = p.heads_q / p.heads_kv * p.L, task_rows = kSubtiles * 3 * lanes;
+  if (rows == 0 || (RoundUp(rows, 3 * lanes) - rows) * 16 > rows) return false;
+  return p.batch * p.heads_kv * ((rows + task_rows - 1) / task_rows) >= kThreeVectorMinTasks;
 }
 
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
@@ -663,8 +656,17 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
     return;
   }
   if constexpr (HWY_MAX_BYTES == 64) {
-    if (!bf16_path && ThreeVectorsPay(problems, count, lanes)) {
-      Forward<3>(problems, count, bf16_path);
+    if (!bf16_path) {
+      // Runs of consecutive problems (varlen sequences) with the same blocking, each in
+      // one call of the kernel.
+      for (std::int64_t begin = 0, end; begin < count; begin = end) {
+        const bool three = ThreeVectorsPay(problems[begin], lanes);
+        for (end = begin + 1; end < count && ThreeVectorsPay(problems[end], lanes) == three;) ++end;
+        if (three)
+          Forward<3>(problems + begin, end - begin, bf16_path);
+        else
+          Forward<2>(problems + begin, end - begin, bf16_path);
+      }
       return;
     }
   }

@@ -39,7 +39,7 @@ inline void SaveSplitState(const float* m, const float* l, const float* ot, std:
 // The exact log-sum-exp merge of `splits` states (split_stride floats apart) of the same
 // rows, in split order, as split-key decoding and ring attention merge partial results:
 //   m = max_s m_s,  l = Σ_s 2^(m_s − m)·l_s,  Oᵀ = Σ_s 2^(m_s − m)·Oᵀ_s
-// into m, l and ot (Ev × rows), `rows` a whole number of vectors (a subtile's: 1 or 2). Weights are exponents of differences
+// into m, l and ot (Ev × rows), `rows` a whole number of vectors (a subtile's: 1, 2 or 3). Weights are exponents of differences
 // to the max, never of a state's lse alone, so nothing overflows; a row no split saw
 // (every m_s = −inf) subtracts 0 instead of −inf (−inf − −inf would be NaN) and keeps
 // l = 0, which the caller reads as fully masked.
