@@ -38,21 +38,6 @@ Packed packed_random(DType dtype, std::int64_t heads, std::int64_t total, std::i
   return p;
 }
 
-// Rows [begin, end) along dim 1 of a (heads, total[, dim]) view, as a (1, heads,
-// end − begin[, dim]) view of the same memory: one sequence by itself.
-TensorView sequence_rows(const TensorView& packed, std::int64_t begin, std::int64_t end) {
-  const Shape st = packed.effective_strides();
-  TensorView v;
-  v.dtype = packed.dtype;
-  v.data = static_cast<std::byte*>(packed.data) + begin * st[1] * static_cast<std::int64_t>(dtype_size(packed.dtype));
-  v.shape = packed.shape;
-  v.shape[1] = end - begin;
-  v.shape.insert(v.shape.begin(), 1);
-  v.strides = st;
-  v.strides.insert(v.strides.begin(), 0);
-  return v;
-}
-
 // (L_b, S_b): an empty query sequence, a sequence with no keys (zero output, lse −inf),
 // L > S, L < S over several key tiles, L = S.
 using Lengths = std::vector<std::pair<std::int64_t, std::int64_t>>;

@@ -16,6 +16,7 @@
 #include "testing/cases.h"
 #include "testing/helpers.h"
 #include "testing/rejection.h"
+#include "testing/sequences.h"
 
 namespace sdpa::testing {
 namespace {
@@ -51,18 +52,6 @@ Quantized make_quantized(const Shape4& s, DType query_dtype, std::uint64_t seed,
   if (int8_key) c.options.key_scale = c.k8.scale.view();
   if (int8_value) c.options.value_scale = c.v8.scale.view();
   return c;
-}
-
-// Rows [r0, r0 + n) along dim 1 of a (H, total[, dim]) view, as a (1, H, n[, dim]) view
-// of the same memory: one varlen sequence by itself.
-TensorView sequence_rows(const TensorView& t, std::int64_t r0, std::int64_t n) {
-  TensorView view = t;
-  view.strides = t.effective_strides();
-  view.data = static_cast<std::byte*>(t.data) + r0 * view.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
-  view.shape[1] = n;
-  view.shape.insert(view.shape.begin(), 1);
-  view.strides.insert(view.strides.begin(), 0);
-  return view;
 }
 
 void expect_agrees(const Quantized& c, const std::string& what) {
@@ -134,11 +123,12 @@ TEST(QuantizedKV, VarlenSequencesGiveTheBitsOfEachSequenceAlone) {
   const ForwardResult packed = forward_varlen(q.view(), k8.values.view(), v.view(), seqs, o);
   for (std::int64_t b = 0; b < sequences; ++b) {
     Options ob = o;
-    ob.key_scale = sequence_rows(k8.scale.view(), b * S, S);
-    const ForwardResult alone = forward(sequence_rows(q.view(), b * L, L), sequence_rows(k8.values.view(), b * S, S),
-                                        sequence_rows(v.view(), b * S, S), ob);
-    EXPECT_TRUE(
-        bitwise_equal(to_float64(sequence_rows(packed.output.view(), b * L, L)), to_float64(alone.output.view())))
+    ob.key_scale = sequence_rows(k8.scale.view(), b * S, (b + 1) * S);
+    const ForwardResult alone =
+        forward(sequence_rows(q.view(), b * L, (b + 1) * L), sequence_rows(k8.values.view(), b * S, (b + 1) * S),
+                sequence_rows(v.view(), b * S, (b + 1) * S), ob);
+    EXPECT_TRUE(bitwise_equal(to_float64(sequence_rows(packed.output.view(), b * L, (b + 1) * L)),
+                              to_float64(alone.output.view())))
         << "sequence " << b;
   }
 }
@@ -308,16 +298,15 @@ TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
   o.key_scale = k8.scale.view();
   o.value_scale = v8.scale.view();
   const ForwardResult packed = forward_varlen(q.view(), k8.values.view(), v8.values.view(), {cu_q, cu_k}, o);
-  const auto rows = sequence_rows;
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
-    const std::int64_t L = cu_q[b + 1] - cu_q[b], S = cu_k[b + 1] - cu_k[b];
     Options ob = o;
-    ob.key_scale = rows(k8.scale.view(), cu_k[b], S);
-    ob.value_scale = rows(v8.scale.view(), cu_k[b], S);
+    ob.key_scale = sequence_rows(k8.scale.view(), cu_k[b], cu_k[b + 1]);
+    ob.value_scale = sequence_rows(v8.scale.view(), cu_k[b], cu_k[b + 1]);
     const ForwardResult alone =
-        forward(rows(q.view(), cu_q[b], L), rows(k8.values.view(), cu_k[b], S), rows(v8.values.view(), cu_k[b], S), ob);
+        forward(sequence_rows(q.view(), cu_q[b], cu_q[b + 1]), sequence_rows(k8.values.view(), cu_k[b], cu_k[b + 1]),
+                sequence_rows(v8.values.view(), cu_k[b], cu_k[b + 1]), ob);
     const Tensor want = to_float64(alone.output.view());
-    const Tensor got = to_float64(rows(packed.output.view(), cu_q[b], L));
+    const Tensor got = to_float64(sequence_rows(packed.output.view(), cu_q[b], cu_q[b + 1]));
     EXPECT_LE(max_abs_diff(got, want), 1e-6 * std::max(1.0, max_abs(want))) << "sequence " << b;
   }
 }

@@ -5,6 +5,19 @@
 
 namespace sdpa::testing {
 
+TensorView sequence_rows(const TensorView& packed, std::int64_t begin, std::int64_t end) {
+  const Shape st = packed.effective_strides();
+  TensorView v;
+  v.dtype = packed.dtype;
+  v.data = static_cast<std::byte*>(packed.data) + begin * st[1] * static_cast<std::int64_t>(dtype_size(packed.dtype));
+  v.shape = packed.shape;
+  v.shape[1] = end - begin;
+  v.shape.insert(v.shape.begin(), 1);
+  v.strides = st;
+  v.strides.insert(v.strides.begin(), 0);
+  return v;
+}
+
 TensorView per_head_of_sequence(const Tensor& slopes, std::int64_t b) {
   TensorView v = slopes.view();
   if (slopes.shape().size() == 2) {

@@ -8,6 +8,10 @@
 
 namespace sdpa::testing {
 
+// Rows [begin, end) along dim 1 of a packed (heads, total[, dim]) view, as a (1, heads,
+// end − begin[, dim]) view of the same memory: one varlen sequence by itself.
+TensorView sequence_rows(const TensorView& packed, std::int64_t begin, std::int64_t end);
+
 // Row b of a (batch, Hq) per-head tensor (slopes, sinks) as (Hq,); (Hq,) as it is.
 TensorView per_head_of_sequence(const Tensor& slopes, std::int64_t b);
 
