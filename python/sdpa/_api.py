@@ -50,7 +50,7 @@ def _integers(fw, name, x):
     array. Through the torch custom ops it must be a tensor."""
     torch = _torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
+        if not x.is_cpu:
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
         # DLPack exports a negated view's memory, the values' negatives, as they are.
         return x.detach().resolve_neg()
@@ -149,7 +149,7 @@ _AUTOGRAD = None
 
 
 def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
-    if any(s is not None for s in scales):
+    if scales[0] is not None or scales[1] is not None:
         _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks, *scales)
     elif isinstance(fw, _Torch):
         _autograd = _autograd_module()
@@ -170,7 +170,7 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
     # writes anything; its errors arrive as TypeError / ValueError. No gradient is wanted
     # here: the tensors go as DLPack views of the caller's memory (fw.export).
     export = fw.export
-    _core.forward(export(q), export(k), export(v), export(mask), slopes, export(sinks), export(out),
+    _core.forward(export(q), export(k), export(v), export(mask), export(slopes), export(sinks), export(out),
                   export(weights_buffer), export(lse_buffer), to_core(options), mask_name,
                   export(scales[0]), export(scales[1]))
     return out, weights_buffer, lse_buffer
@@ -451,20 +451,20 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
-        from . import _autograd
-
+        _autograd = _autograd_module()
         if not quantized and _autograd.wanted(q, k, v, sink_logits):
             output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, sink_logits, options)
             return (output, lse) if return_lse else output
-        q, k, v = q.detach(), k.detach(), v.detach()
-        sink_logits = None if sink_logits is None else sink_logits.detach()
+    # No gradient is wanted past this point: the tensors go as DLPack views (fw.export).
     total_q, heads_q = q.shape[0], q.shape[1]
     # FlashAttention's layouts, written through (H, total, ·) views.
     output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
     lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
     key_scale, value_scale = (None if s is None else fw.swap(s, 0, 1) for s in (key_scale, value_scale))
-    _core.forward_varlen(fw.swap(q, 0, 1), fw.swap(k, 0, 1), fw.swap(v, 0, 1), cu_q, cu_k, slopes, sink_logits,
-                         fw.swap(output, 0, 1), lse, to_core(options), key_scale, value_scale)
+    export, swap = fw.export, fw.swap
+    _core.forward_varlen(export(swap(q, 0, 1)), export(swap(k, 0, 1)), export(swap(v, 0, 1)), export(cu_q),
+                         export(cu_k), export(slopes), export(sink_logits), export(swap(output, 0, 1)), export(lse),
+                         to_core(options), export(key_scale), export(value_scale))
     return (output, lse) if return_lse else output
 
 
@@ -538,24 +538,22 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
         if nhd:  # (pages, page_size, Hkv) read as (pages, Hkv, page_size)
             key_scale, value_scale = (s if s is None else fw.swap(s, 1, 2) for s in (key_scale, value_scale))
     elif isinstance(fw, _Torch):
-        from . import _autograd
-
         torch = fw.torch
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, kp, vp, sink_logits)):
             raise NotImplementedError("paged_attention: forward only (no backward); call it under torch.no_grad() "
                                       "or torch.inference_mode(), or use sdpa.attention / sdpa.varlen_attention "
                                       "for training")
         if torch.compiler.is_compiling():
-            output, lse = _autograd.paged(q, kp, vp, table, lengths, slopes, sink_logits, options, nhd=nhd)
+            output, lse = _autograd_module().paged(q, kp, vp, table, lengths, slopes, sink_logits, options, nhd=nhd)
             return (output, lse) if return_lse else output
-    if isinstance(fw, _Torch):  # no gradient is wanted past the checks above
-        q, kp, vp = q.detach(), kp.detach(), vp.detach()
-        sink_logits = None if sink_logits is None else sink_logits.detach()
+    # No gradient is wanted past the checks above: the tensors go as DLPack views (fw.export).
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
     rows = tuple(q.shape[:-1])
     output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
     lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
-    _core.forward_paged(q, kp, vp, table, lengths, slopes, sink_logits, output, lse, to_core(options), key_scale,
-                        value_scale)
+    export = fw.export
+    _core.forward_paged(export(q), export(kp), export(vp), export(table), export(lengths), export(slopes),
+                        export(sink_logits), export(output), export(lse), to_core(options), export(key_scale),
+                        export(value_scale))
     return (output, lse) if return_lse else output

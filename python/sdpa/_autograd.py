@@ -39,6 +39,7 @@ from typing import Optional
 import torch
 
 from . import _core, _options
+from ._frameworks import _Torch
 
 def _op(name: str, arguments: str, returns: str):
     """torch.library.custom_op over CPU tensors, its schema `arguments` then the options'."""
@@ -70,6 +71,16 @@ def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x
 
 
+# A tensor (or None) as the binding takes it: a DLPack capsule from torch's C exporter,
+# not Tensor.__dlpack__ (~4 µs a tensor in Python, docs/performance.md "Small problems").
+_view = _Torch().export
+
+
+def _input(x: Optional[torch.Tensor]):
+    """An input as the binding takes it: _readable, then _view."""
+    return _view(_readable(x))
+
+
 @_op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, Tensor? sinks, "
      "str mask_name", "(Tensor, Tensor)")
 def attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
@@ -77,8 +88,8 @@ def attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.forward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes),
-                  _readable(sinks), out, None, lse, _core_options(options), mask_name)
+    _core.forward(_input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes), _input(sinks),
+                  _view(out), None, _view(lse), _core_options(options), mask_name)
     return out, lse
 
 
@@ -103,10 +114,10 @@ def attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks
     dsinks = _sink_gradient_buffer(sinks, query)
     # autograd hands over dO in whatever dtype the output had; the library wants the query's.
     grad_output = _readable(grad_output).to(query.dtype)
-    _core.backward(_readable(query), _readable(key), _readable(value), _readable(mask), _readable(alibi_slopes),
-                   _readable(sinks), _readable(output), _readable(lse), grad_output, _lse_gradient(grad_lse, lse), dq,
-                   dk, dv, dmask if mask_gradient else None, None if sinks is None else dsinks, _core_options(options),
-                   mask_name)
+    _core.backward(_input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes), _input(sinks),
+                   _input(output), _input(lse), _view(grad_output), _view(_lse_gradient(grad_lse, lse)), _view(dq),
+                   _view(dk), _view(dv), _view(dmask) if mask_gradient else None,
+                   None if sinks is None else _view(dsinks), _core_options(options), mask_name)
     return dq, dk, dv, dmask, dsinks
 
 
@@ -174,9 +185,10 @@ def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, 
     total_q, heads = query.shape[0], query.shape[1]
     out = torch.empty((total_q, heads, value.shape[-1]), dtype=query.dtype)
     lse = torch.empty((heads, total_q), dtype=_lse_dtype(query))
-    _core.forward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
-                         _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                         _readable(alibi_slopes), _readable(sinks), out.transpose(0, 1), lse, _core_options(options))
+    _core.forward_varlen(_view(_readable(query).transpose(0, 1)), _view(_readable(key).transpose(0, 1)),
+                         _view(_readable(value).transpose(0, 1)), _input(cu_seqlens_q), _input(cu_seqlens_k),
+                         _input(alibi_slopes), _input(sinks), _view(out.transpose(0, 1)), _view(lse),
+                         _core_options(options))
     return out, lse
 
 
@@ -199,12 +211,12 @@ def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, 
     dv = torch.empty(value.shape, dtype=value.dtype)
     dsinks = _sink_gradient_buffer(sinks, query)
     grad_output = _readable(grad_output).to(query.dtype)
-    _core.backward_varlen(_readable(query).transpose(0, 1), _readable(key).transpose(0, 1),
-                          _readable(value).transpose(0, 1), _readable(cu_seqlens_q), _readable(cu_seqlens_k),
-                          _readable(alibi_slopes), _readable(sinks), _readable(output).transpose(0, 1),
-                          _readable(lse), grad_output.transpose(0, 1), _lse_gradient(grad_lse, lse),
-                          dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1),
-                          None if sinks is None else dsinks, _core_options(options))
+    _core.backward_varlen(_view(_readable(query).transpose(0, 1)), _view(_readable(key).transpose(0, 1)),
+                          _view(_readable(value).transpose(0, 1)), _input(cu_seqlens_q), _input(cu_seqlens_k),
+                          _input(alibi_slopes), _input(sinks), _view(_readable(output).transpose(0, 1)),
+                          _input(lse), _view(grad_output.transpose(0, 1)), _view(_lse_gradient(grad_lse, lse)),
+                          _view(dq.transpose(0, 1)), _view(dk.transpose(0, 1)), _view(dv.transpose(0, 1)),
+                          None if sinks is None else _view(dsinks), _core_options(options))
     return dq, dk, dv, dsinks
 
 
@@ -255,8 +267,8 @@ def paged_forward(query, key_pages, value_pages, block_table, seq_lens, alibi_sl
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value_pages.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.forward_paged(_readable(query), key_pages, value_pages, _readable(block_table), _readable(seq_lens),
-                        _readable(alibi_slopes), _readable(sinks), out, lse, _core_options(options))
+    _core.forward_paged(_input(query), _view(key_pages), _view(value_pages), _input(block_table), _input(seq_lens),
+                        _input(alibi_slopes), _input(sinks), _view(out), _view(lse), _core_options(options))
     return out, lse
 
 
