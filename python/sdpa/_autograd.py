@@ -81,9 +81,7 @@ def _input(x: Optional[torch.Tensor]):
     return _view(_readable(x))
 
 
-@_op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, Tensor? sinks, "
-     "str mask_name", "(Tensor, Tensor)")
-def attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
+def _attention_forward_body(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
@@ -93,16 +91,18 @@ def attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *
     return out, lse
 
 
+attention_forward = _op("attention_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, "
+                        "Tensor? alibi_slopes, Tensor? sinks, str mask_name",
+                        "(Tensor, Tensor)")(_attention_forward_body)
+
+
 @attention_forward.register_fake
 def _(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     rows = tuple(query.shape[:-1])
     return (query.new_empty(rows + tuple(value.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query)))
 
 
-@_op("attention_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor? mask, "
-     "Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse, bool mask_gradient, "
-     "str mask_name", "(Tensor, Tensor, Tensor, Tensor, Tensor)")
-def attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse,
+def _attention_backward_body(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse,
                        mask_gradient, mask_name, *options):
     """(dq, dk, dv, dmask, dsinks) of one attention call; dmask is empty unless
     `mask_gradient`, dsinks without sinks. `grad_lse`, when the loss used the returned lse
@@ -119,6 +119,12 @@ def attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks
                    _view(dk), _view(dv), _view(dmask) if mask_gradient else None,
                    None if sinks is None else _view(dsinks), _core_options(options), mask_name)
     return dq, dk, dv, dmask, dsinks
+
+
+attention_backward = _op("attention_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, "
+                         "Tensor? mask, Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, "
+                         "Tensor? grad_lse, bool mask_gradient, str mask_name",
+                         "(Tensor, Tensor, Tensor, Tensor, Tensor)")(_attention_backward_body)
 
 
 @attention_backward.register_fake
@@ -144,16 +150,22 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_output, grad_lse):
+def _gradients(backward, ctx, grad_output, grad_lse):
+    """The inputs' gradients, the library's backward called as `backward` (the custom op, or
+    its body in eager mode)."""
     query, key, value, mask, alibi_slopes, sinks, out, lse = ctx.saved_tensors
     mask_gradient = mask is not None and mask.dtype != torch.bool and ctx.needs_input_grad[3]
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv, dmask, dsinks = attention_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, out, lse,
-                                                   grad_lse, mask_gradient, ctx.mask_name, *ctx.options)
+    dq, dk, dv, dmask, dsinks = backward(grad_output, query, key, value, mask, alibi_slopes, sinks, out, lse,
+                                         grad_lse, mask_gradient, ctx.mask_name, *ctx.options)
     # alibi_slopes, the mask's name and the options get no gradient.
     return ((dq, dk, dv, (dmask if mask_gradient else None), None, (dsinks if ctx.needs_input_grad[5] else None), None)
             + (None,) * len(ctx.options))
+
+
+def _backward(ctx, grad_output, grad_lse):
+    return _gradients(attention_backward, ctx, grad_output, grad_lse)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -167,9 +179,51 @@ def wanted(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _eager(forward, setup_context, gradients, backward_op, backward_body):
+    """A custom op's formula as a torch.autograd.Function, for calls outside torch.compile:
+    the same forward body, context and gradients, without torch.library's dispatch, whose
+    autograd wrapper rebuilds the op's schema (some twenty arguments) each time it reads one
+    while filling in defaults for setup_context (torch/_library/utils.py, fill_defaults):
+    ~160 µs a call on the Cascade Lake Xeon of bench/RESULTS.md, ten times a small head's
+    forward (docs/performance.md, "Small problems").
+
+    `gradients(backward, ctx, *grads)` calls the library's backward as `backward`: its body,
+    or, when the backward pass builds a graph (create_graph=True runs it in grad mode), the
+    backward op, whose outputs then refuse a second derivative (it has no formula) instead of
+    entering the graph as constants that would drop their terms from a loss."""
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = forward(*inputs)
+            setup_context(ctx, inputs, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return gradients(backward_op if torch.is_grad_enabled() else backward_body, ctx, *grads)
+
+    return Eager.apply
+
+
+_eager_attention = _eager(_attention_forward_body, _setup_context, _gradients, attention_backward,
+                          _attention_backward_body)
+
+
+def _traced(*tensors) -> bool:
+    """Whether the custom op must carry the call: torch.compile is tracing, or a tensor is a
+    subclass (a fake or wrapped tensor dispatches through the op's registrations)."""
+    return torch.compiler.is_compiling() or not all(t is None or type(t) in _PLAIN for t in tensors)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def attention(query, key, value, mask, alibi_slopes, sinks, options, *, mask_name: str):
-    """(output, lse) through the custom op; `options` an sdpa._options.Options."""
-    return attention_forward(query, key, value, mask, alibi_slopes, sinks, mask_name, *_options.flatten(options))
+    """(output, lse) through the custom op (traced) or its eager twin; `options` an
+    sdpa._options.Options."""
+    op = attention_forward if _traced(query, key, value, mask, alibi_slopes, sinks) else _eager_attention
+    return op(query, key, value, mask, alibi_slopes, sinks, mask_name, *_options.flatten(options))
 
 
 # --- packed variable-length batches ------------------------------------------------------
@@ -178,9 +232,7 @@ def attention(query, key, value, mask, alibi_slopes, sinks, options, *, mask_nam
 # views are made at the call (transpose: strides only). Gradients come out in the layout of
 # a fresh (total, H, E) tensor, as the fake implementations say.
 
-@_op("varlen_forward", "Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-     "Tensor? alibi_slopes, Tensor? sinks", "(Tensor, Tensor)")
-def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options):
+def _varlen_forward_body(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options):
     """(output (total_q, Hq, Ev), lse (Hq, total_q)); see sdpa.varlen_attention."""
     total_q, heads = query.shape[0], query.shape[1]
     out = torch.empty((total_q, heads, value.shape[-1]), dtype=query.dtype)
@@ -192,6 +244,11 @@ def varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, 
     return out, lse
 
 
+varlen_forward = _op("varlen_forward", "Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
+                     "Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor? sinks",
+                     "(Tensor, Tensor)")(_varlen_forward_body)
+
+
 @varlen_forward.register_fake
 def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *options):
     total_q, heads = query.shape[0], query.shape[1]
@@ -199,10 +256,7 @@ def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *optio
             query.new_empty((heads, total_q), dtype=_lse_dtype(query)))
 
 
-@_op("varlen_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
-     "Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse",
-     "(Tensor, Tensor, Tensor, Tensor)")
-def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse,
+def _varlen_backward_body(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse,
                     grad_lse, *options):
     """(dq, dk, dv, dsinks) of one varlen call, each the shape of what it is the gradient of
     (dsinks empty without sinks); `grad_lse` as in attention_backward."""
@@ -220,6 +274,11 @@ def varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, 
     return dq, dk, dv, dsinks
 
 
+varlen_backward = _op("varlen_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, "
+                      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? alibi_slopes, Tensor? sinks, Tensor output, "
+                      "Tensor lse, Tensor? grad_lse", "(Tensor, Tensor, Tensor, Tensor)")(_varlen_backward_body)
+
+
 @varlen_backward.register_fake
 def _(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse, grad_lse,
       *options):
@@ -235,23 +294,32 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # as attention_forward's
 
 
-def _varlen_backward(ctx, grad_output, grad_lse):
+def _varlen_gradients(backward, ctx, grad_output, grad_lse):
+    """The inputs' gradients, as _gradients (the custom op or its body as `backward`)."""
     query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, out, lse = ctx.saved_tensors
     if grad_output is None:  # the loss used only the lse
         grad_output = torch.zeros_like(out)
-    dq, dk, dv, dsinks = varlen_backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                                         sinks, out, lse, grad_lse, *ctx.options)
+    dq, dk, dv, dsinks = backward(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
+                                  out, lse, grad_lse, *ctx.options)
     return ((dq, dk, dv, None, None, None, (dsinks if ctx.needs_input_grad[6] else None))
             + (None,) * len(ctx.options))
 
 
+def _varlen_backward(ctx, grad_output, grad_lse):
+    return _varlen_gradients(varlen_backward, ctx, grad_output, grad_lse)
+
+
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+_eager_varlen = _eager(_varlen_forward_body, _varlen_setup_context, _varlen_gradients, varlen_backward,
+                       _varlen_backward_body)
 
 
 def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, options):
-    """(output, lse) through the varlen custom op; `options` an sdpa._options.Options."""
-    return varlen_forward(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
-                          *_options.flatten(options))
+    """(output, lse) through the varlen custom op (traced) or its eager twin; `options` an
+    sdpa._options.Options."""
+    traced = _traced(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
+    op = varlen_forward if traced else _eager_varlen
+    return op(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *_options.flatten(options))
 
 
 # --- paged KV cache (forward only) -----------------------------------------------------------

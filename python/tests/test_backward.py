@@ -452,6 +452,54 @@ def test_torch_compile_fullgraph_matches_eager():
         assert torch.equal(a, b)
 
 
+def test_eager_calls_give_the_custom_ops_bits():
+    """Outside torch.compile a call takes the custom op's eager twin (_autograd._eager: the same
+    forward and backward bodies without torch.library's dispatch); its outputs and every
+    gradient (a float mask's and the sinks' too, through a loss on the lse) are the op's."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.randn(7, 7, generator=g, requires_grad=True)
+    sinks = torch.randn(4, generator=g, requires_grad=True)
+    flat = _options.flatten(_options.Options(causal="top_left", dropout_p=0.2, seed=11))
+    inputs = (q, k, v, mask, None, sinks)
+    results = []
+    for op in (_autograd.attention_forward, _autograd._eager_attention):
+        out, lse = op(*inputs, "mask", *flat)
+        loss = out.square().sum() + lse.sin().sum()
+        results.append((out, lse) + torch.autograd.grad(loss, (q, k, v, mask, sinks)))
+    assert type(results[1][0].grad_fn).__name__ != type(results[0][0].grad_fn).__name__
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_eager_varlen_calls_give_the_custom_ops_bits():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(9, 4, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    sinks = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    flat = _options.flatten(_options.Options(causal="bottom_right"))
+    results = []
+    for op in (_autograd.varlen_forward, _autograd._eager_varlen):
+        out, lse = op(q, k, v, cu, cu, None, sinks, *flat)
+        results.append((out, lse) + torch.autograd.grad(out.square().sum() + lse.sum(), (q, k, v, sinks)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_a_second_derivative_is_refused(varlen):
+    """The library's backward is not itself differentiated: through the eager path as
+    through the custom op, asking for a second derivative is an error, not a silent zero
+    (a gradient outside the graph would drop its terms from a loss that mixes it with
+    others)."""
+    q, k, v = (torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = sdpa.varlen_attention(q, k, v, [0, 2, 5], [0, 2, 5]) if varlen else sdpa.attention(q, k, v)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError, match="twice|no autograd formula"):
+        (dq.sum() + q.sum()).backward()
+
+
 def test_numpy_inputs_are_unaffected():
     """The autograd path is for torch tensors only; NumPy arrays take the library directly."""
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 4))
