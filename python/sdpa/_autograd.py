@@ -29,7 +29,9 @@ gradient adds P · dlse to dS), for losses that merge partial attentions by thei
 sdpa.attention, sdpa.scaled_dot_product_attention and sdpa.varlen_attention route torch
 tensors here when a gradient is wanted (an input requires grad and grad mode is on) or when
 torch.compile is tracing; otherwise they call the library directly. sdpa.paged_attention
-(forward only) comes here only under torch.compile.
+(forward only) comes here only under torch.compile. In eager mode (plain tensors, not
+traced) attention and varlen calls take each op pair's torch.autograd.Function twin
+(`_eager`): the same bodies, without torch.library's per-call dispatch cost.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
 
 
 def _attention_backward_body(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse,
-                       mask_gradient, mask_name, *options):
+                             mask_gradient, mask_name, *options):
     """(dq, dk, dv, dmask, dsinks) of one attention call; dmask is empty unless
     `mask_gradient`, dsinks without sinks. `grad_lse`, when the loss used the returned lse
     too, is its gradient."""
@@ -256,8 +258,8 @@ def _(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *optio
             query.new_empty((heads, total_q), dtype=_lse_dtype(query)))
 
 
-def _varlen_backward_body(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output, lse,
-                    grad_lse, *options):
+def _varlen_backward_body(grad_output, query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, output,
+                          lse, grad_lse, *options):
     """(dq, dk, dv, dsinks) of one varlen call, each the shape of what it is the gradient of
     (dsinks empty without sinks); `grad_lse` as in attention_backward."""
     dq = torch.empty(query.shape, dtype=query.dtype)

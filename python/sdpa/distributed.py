@@ -25,7 +25,8 @@ import torch
 
 from . import _core, _options
 from ._api import _sinks, _slopes
-from ._autograd import _core_options, _lse_dtype, _lse_gradient, _op, _readable, _sink_gradient_buffer
+from ._autograd import (_core_options, _eager, _input, _lse_dtype, _lse_gradient, _op, _readable, _sink_gradient_buffer,
+                        _traced, _view)
 from ._frameworks import _Torch
 
 __all__ = ["ring_attention", "shard_rows"]
@@ -45,17 +46,21 @@ def _comm_handle(comm) -> int:
     return comm.py2f()
 
 
-@_op("ring_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, Tensor? sinks, "
-     "int comm, int query_length, int key_length, str partition", "(Tensor, Tensor)")
-def ring_forward(query, key, value, mask, alibi_slopes, sinks, comm, query_length, key_length, partition, *options):
+def _ring_forward_body(query, key, value, mask, alibi_slopes, sinks, comm, query_length, key_length, partition,
+                       *options):
     """(output, lse) of this rank's query rows; see ring_attention."""
     rows = tuple(query.shape[:-1])
     out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
-    _core.ring_forward(comm, _readable(query), _readable(key), _readable(value), _readable(mask),
-                       _readable(alibi_slopes), _readable(sinks), out, lse, query_length, key_length, partition,
+    _core.ring_forward(comm, _input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes),
+                       _input(sinks), _view(out), _view(lse), query_length, key_length, partition,
                        _core_options(options))
     return out, lse
+
+
+ring_forward = _op("ring_forward", "Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? alibi_slopes, "
+                   "Tensor? sinks, int comm, int query_length, int key_length, str partition",
+                   "(Tensor, Tensor)")(_ring_forward_body)
 
 
 @ring_forward.register_fake
@@ -64,23 +69,26 @@ def _(query, key, value, mask, alibi_slopes, sinks, comm, query_length, key_leng
     return query.new_empty(rows + tuple(value.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query))
 
 
-@_op("ring_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor? mask, "
-     "Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse, int comm, int query_length, "
-     "int key_length, str partition", "(Tensor, Tensor, Tensor, Tensor)")
-def ring_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse, comm,
-                  query_length, key_length, partition, *options):
+def _ring_backward_body(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse, comm,
+                        query_length, key_length, partition, *options):
     """(dq, dk, dv, dsinks) of this rank's shards; dsinks (empty without sinks) is summed over
     every rank's rows."""
     dq = torch.empty(query.shape, dtype=query.dtype)
     dk = torch.empty(key.shape, dtype=key.dtype)
     dv = torch.empty(value.shape, dtype=value.dtype)
     dsinks = _sink_gradient_buffer(sinks, query)
-    _core.ring_backward(comm, _readable(query), _readable(key), _readable(value), _readable(mask),
-                        _readable(alibi_slopes), _readable(sinks), _readable(output), _readable(lse),
-                        _readable(grad_output).to(query.dtype), _lse_gradient(grad_lse, lse), dq, dk, dv,
-                        None if sinks is None else dsinks, query_length, key_length, partition,
+    _core.ring_backward(comm, _input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes),
+                        _input(sinks), _input(output), _input(lse), _view(_readable(grad_output).to(query.dtype)),
+                        _view(_lse_gradient(grad_lse, lse)), _view(dq), _view(dk), _view(dv),
+                        None if sinks is None else _view(dsinks), query_length, key_length, partition,
                         _core_options(options))
     return dq, dk, dv, dsinks
+
+
+ring_backward = _op("ring_backward", "Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor? mask, "
+                    "Tensor? alibi_slopes, Tensor? sinks, Tensor output, Tensor lse, Tensor? grad_lse, int comm, "
+                    "int query_length, int key_length, str partition",
+                    "(Tensor, Tensor, Tensor, Tensor)")(_ring_backward_body)
 
 
 @ring_backward.register_fake
@@ -99,19 +107,26 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_output, grad_lse):
+def _gradients(backward, ctx, grad_output, grad_lse):
     # Collective: every rank must reach it, so every rank's loss must depend on its ring
     # output or lse (a rank whose loss ignores them never runs this, and the others wait).
+    # `backward`: the op or its body, as in sdpa/_autograd.py.
     query, key, value, mask, alibi_slopes, sinks, out, lse = ctx.saved_tensors
     if grad_output is None:
         grad_output = torch.zeros_like(out)
-    dq, dk, dv, dsinks = ring_backward(grad_output, query, key, value, mask, alibi_slopes, sinks, out, lse, grad_lse,
-                                       *ctx.call, *ctx.options)
+    dq, dk, dv, dsinks = backward(grad_output, query, key, value, mask, alibi_slopes, sinks, out, lse, grad_lse,
+                                  *ctx.call, *ctx.options)
     return ((dq, dk, dv, None, None, (dsinks if ctx.needs_input_grad[5] else None), None, None, None, None)
             + (None,) * len(ctx.options))
 
 
+def _backward(ctx, grad_output, grad_lse):
+    return _gradients(ring_backward, ctx, grad_output, grad_lse)
+
+
 ring_forward.register_autograd(_backward, setup_context=_setup_context)
+# Outside torch.compile: the same bodies without torch.library's per-call dispatch.
+_eager_ring = _eager(_ring_forward_body, _setup_context, _gradients, ring_backward, _ring_backward_body)
 
 # What the library reads: the query's dtypes, and bool for a key-padding mask. Anything else
 # is refused here, with the other arguments' checks, before any rank reaches the library.
@@ -215,6 +230,7 @@ def ring_attention(query, key, value, *, comm=None, causal=None, partition: str 
     key_length = sum(sr for _, sr, _ in shared) if lengths[1] is None else lengths[1]
     if options.dropout_p > 0 and seed is None:  # one seed for the whole problem: rank 0's
         options = options._replace(seed=shared[0][2])
-    out, lse = ring_forward(query, key, value, mask, slopes, sink_logits, _comm_handle(comm), query_length,
-                            key_length, f"{partition}:{exchange}", *_options.flatten(options))
+    op = ring_forward if _traced(query, key, value, mask, slopes, sink_logits) else _eager_ring
+    out, lse = op(query, key, value, mask, slopes, sink_logits, _comm_handle(comm), query_length, key_length,
+                  f"{partition}:{exchange}", *_options.flatten(options))
     return (out, lse) if return_lse else out
