@@ -203,7 +203,10 @@ def _eager(forward, setup_context, gradients, backward_op, backward_body):
 
         @staticmethod
         def backward(ctx, *grads):
-            return gradients(backward_op if torch.is_grad_enabled() else backward_body, ctx, *grads)
+            # Batched gradients (jacobian(vectorize=True), gradcheck's batched check) are
+            # vmap-wrapped: the op has the batching rule the body's detach lacks.
+            wrapped = any(g is not None and torch._C._dispatch_isTensorSubclassLike(g) for g in grads)
+            return gradients(backward_op if torch.is_grad_enabled() or wrapped else backward_body, ctx, *grads)
 
     return Eager.apply
 
@@ -213,9 +216,15 @@ _eager_attention = _eager(_attention_forward_body, _setup_context, _gradients, a
 
 
 def _traced(*tensors) -> bool:
-    """Whether the custom op must carry the call: torch.compile is tracing, or a tensor is a
-    subclass (a fake or wrapped tensor dispatches through the op's registrations)."""
-    return torch.compiler.is_compiling() or not all(t is None or type(t) in _PLAIN for t in tensors)
+    """Whether the custom op must carry the call: torch.compile is tracing, a tensor is a
+    subclass (a fake tensor dispatches through the op's registrations), a functorch
+    transform is active (vmap's and grad's wrapped tensors have torch.Tensor's type) or a
+    dispatch mode is (make_fx, FlopCounterMode: they must see the op)."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _dispatch_mode() is not None or not all(t is None or type(t) in _PLAIN for t in tensors))
+
+
+_dispatch_mode = torch.utils._python_dispatch._get_current_dispatch_mode
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -500,6 +500,22 @@ def test_a_second_derivative_is_refused(varlen):
         (dq.sum() + q.sum()).backward()
 
 
+def test_transforms_and_dispatch_modes_see_the_custom_op():
+    """A vectorized jacobian (vmap over the backward) and make_fx go through the custom op,
+    as before the eager twin: the jacobian is the looped one's, and make_fx's graph holds
+    the op (a twin's body would leave only its torch.empty in the graph)."""
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    jac = torch.autograd.functional.jacobian(lambda q: sdpa.attention(q, k, v), q, vectorize=True)
+    jac_loop = torch.autograd.functional.jacobian(lambda q: sdpa.attention(q, k, v), q)
+    assert torch.allclose(jac, jac_loop, rtol=0, atol=1e-12)
+    from torch.fx.experimental.proxy_tensor import make_fx
+    traced = make_fx(lambda q: sdpa.attention(q, k, v), tracing_mode="real")(q)
+    assert "sdpa.attention_forward" in str(traced.graph)
+    assert torch.equal(traced(q), sdpa.attention(q, k, v))
+
+
 def test_numpy_inputs_are_unaffected():
     """The autograd path is for torch tensors only; NumPy arrays take the library directly."""
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 4))
