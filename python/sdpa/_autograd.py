@@ -31,7 +31,7 @@ tensors here when a gradient is wanted (an input requires grad and grad mode is 
 torch.compile is tracing; otherwise they call the library directly. sdpa.paged_attention
 (forward only) comes here only under torch.compile. In eager mode (plain tensors, not
 traced) attention and varlen calls take each op pair's torch.autograd.Function twin
-(`_eager`): the same bodies, without torch.library's per-call dispatch cost.
+(`_differentiable`): the same bodies, without torch.library's per-call dispatch cost.
 """
 
 from __future__ import annotations
@@ -166,24 +166,11 @@ def _gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-def _backward(ctx, grad_output, grad_lse):
-    return _gradients(attention_backward, ctx, grad_output, grad_lse)
-
-
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-def wanted(*tensors) -> bool:
-    """Whether a call on these torch tensors must go through the custom ops: a gradient is
-    wanted, or torch.compile is tracing (it sees custom ops, not the library's calls)."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _eager(forward, setup_context, gradients, backward_op, backward_body):
-    """A custom op's formula as a torch.autograd.Function, for calls outside torch.compile:
-    the same forward body, context and gradients, without torch.library's dispatch, whose
+def _differentiable(forward_op, forward, setup_context, gradients, backward_op, backward_body):
+    """Registers `forward_op`'s autograd formula — `gradients(backward_op, ctx, *grads)` —
+    and returns its eager twin, for calls outside torch.compile: a torch.autograd.Function
+    (its `apply`) with the same forward body, context and gradients, without torch.library's
+    dispatch, whose
     autograd wrapper rebuilds the op's schema (some twenty arguments) each time it reads one
     while filling in defaults for setup_context (torch/_library/utils.py, fill_defaults):
     ~160 µs a call on the Cascade Lake Xeon of bench/RESULTS.md, ten times a small head's
@@ -208,11 +195,23 @@ def _eager(forward, setup_context, gradients, backward_op, backward_body):
             wrapped = any(g is not None and torch._C._dispatch_isTensorSubclassLike(g) for g in grads)
             return gradients(backward_op if torch.is_grad_enabled() or wrapped else backward_body, ctx, *grads)
 
+    def formula(ctx, *grads):
+        return gradients(backward_op, ctx, *grads)
+
+    forward_op.register_autograd(formula, setup_context=setup_context)
     return Eager.apply
 
 
-_eager_attention = _eager(_attention_forward_body, _setup_context, _gradients, attention_backward,
-                          _attention_backward_body)
+_eager_attention = _differentiable(attention_forward, _attention_forward_body, _setup_context, _gradients,
+                                   attention_backward, _attention_backward_body)
+
+
+def wanted(*tensors) -> bool:
+    """Whether a call on these torch tensors must go through the custom ops: a gradient is
+    wanted, or torch.compile is tracing (it sees custom ops, not the library's calls)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _traced(*tensors) -> bool:
@@ -316,13 +315,8 @@ def _varlen_gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-def _varlen_backward(ctx, grad_output, grad_lse):
-    return _varlen_gradients(varlen_backward, ctx, grad_output, grad_lse)
-
-
-varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
-_eager_varlen = _eager(_varlen_forward_body, _varlen_setup_context, _varlen_gradients, varlen_backward,
-                       _varlen_backward_body)
+_eager_varlen = _differentiable(varlen_forward, _varlen_forward_body, _varlen_setup_context, _varlen_gradients,
+                                varlen_backward, _varlen_backward_body)
 
 
 def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, options):

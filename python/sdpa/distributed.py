@@ -25,8 +25,8 @@ import torch
 
 from . import _core, _options
 from ._api import _sinks, _slopes
-from ._autograd import (_core_options, _eager, _input, _lse_dtype, _lse_gradient, _op, _readable, _sink_gradient_buffer,
-                        _traced, _view)
+from ._autograd import (_core_options, _differentiable, _input, _lse_dtype, _lse_gradient, _op, _readable,
+                        _sink_gradient_buffer, _traced, _view)
 from ._frameworks import _Torch
 
 __all__ = ["ring_attention", "shard_rows"]
@@ -120,13 +120,8 @@ def _gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-def _backward(ctx, grad_output, grad_lse):
-    return _gradients(ring_backward, ctx, grad_output, grad_lse)
-
-
-ring_forward.register_autograd(_backward, setup_context=_setup_context)
-# Outside torch.compile: the same bodies without torch.library's per-call dispatch.
-_eager_ring = _eager(_ring_forward_body, _setup_context, _gradients, ring_backward, _ring_backward_body)
+_eager_ring = _differentiable(ring_forward, _ring_forward_body, _setup_context, _gradients, ring_backward,
+                              _ring_backward_body)
 
 # What the library reads: the query's dtypes, and bool for a key-padding mask. Anything else
 # is refused here, with the other arguments' checks, before any rank reaches the library.
