@@ -189,8 +189,10 @@ void CheckAccumulate() {
   const DF df;
   const std::size_t N = hn::Lanes(df), rows = Vectors * N, pt_stride = rows + N;
   std::mt19937 rng(3);
-  const std::int64_t block = static_cast<std::int64_t>(kValueBlock);
-  for (std::int64_t dims : {std::int64_t{1}, block, 2 * block + 3, 4 * block + 5}) {
+  // Every path through the blocks (whole blocks of 16, 12 or 8 dims on AVX-512, half
+  // that on AVX2, then at most one block of 8, one of 4, and single dims): 27 = 12 + 8 +
+  // 4 + 3, 31 = 16 + 8 + 4 + 3, and model head dims.
+  for (std::int64_t dims : {1, 3, 4, 7, 8, 12, 15, 16, 27, 31, 37, 64, 128}) {
     const std::int64_t cols = 29, v_stride = dims + 2;
     const auto pt = RandomFloats(cols * pt_stride, rng);
     const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/highway.h"
 
@@ -140,17 +141,30 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
 }
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for all `dims` dims:
-// whole register blocks, then single dims. One row vector leaves registers for twice
-// the dims per block; 2 and 3 vectors take kValueBlock (3 × 8 = 24 accumulators).
+// whole register blocks, then a block of 8 dims, one of 4 and single dims, each if it
+// fits. A block of D dims × V vectors fills the registers with accumulators (AVX-512:
+// 16 dims for one vector, 12 for two, 8 for three; half on AVX2 and SSE4) because per
+// key it issues V loads, D broadcasts and D·V FMAs: at V = 2, 26 instructions per 16
+// FMAs with D = 8, 38 per 24 with D = 12, and a core that issues 4 instructions and 2
+// FMAs a cycle gets closer to its FMA rate the fewer there are per FMA (bench/RESULTS.md:
+// D = 12 made P·V 8 % faster in isolation on a Cascade Lake Xeon, a whole call 2–3 %).
 template <std::size_t Vectors = 2>
 inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
                        std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows) {
-  constexpr std::size_t kBlock = Vectors == 1 ? 2 * kValueBlock : kValueBlock;
+  constexpr std::size_t kBlock = Vectors == 1 ? 2 * kValueBlock : Vectors == 2 ? kValueBlock * 3 / 2 : kValueBlock;
   std::int64_t d = 0;
   for (; d + static_cast<std::int64_t>(kBlock) <= dims; d += kBlock)
     AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
-  for (; d + static_cast<std::int64_t>(kValueBlock) <= dims; d += kValueBlock)
-    AccumulateBlock<kValueBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+  const auto narrower_block = [&](auto width) {
+    constexpr std::size_t kWidth = decltype(width)::value;
+    if constexpr (kWidth < kBlock) {
+      if (d + static_cast<std::int64_t>(kWidth) > dims) return;
+      AccumulateBlock<kWidth, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+      d += kWidth;
+    }
+  };
+  narrower_block(std::integral_constant<std::size_t, 8>());
+  narrower_block(std::integral_constant<std::size_t, 4>());
   for (; d < dims; ++d) AccumulateBlock<1, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
 }
 
