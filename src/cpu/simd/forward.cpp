@@ -354,21 +354,35 @@ class Task {
     float* st = s_.st.get();
     const std::size_t rows = s_.rows;
     const std::int64_t padded = padded_cols_, Ev = p_.Ev;
+    // The max and the sum over a tile's columns run as kPartials chains, column c in chain
+    // c mod kPartials: one chain would put a 4-cycle max or add per column on the
+    // critical path, longer than the column's exp takes. The chains depend on the column
+    // only, so any blocking of the rows gives a row the same bits.
+    constexpr std::int64_t kPartials = 4;
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF m_old = hn::Load(df, t.m.get() + lane0);
-      VF m_new = m_old;
-      for (std::int64_t c = 0; c < padded; ++c) m_new = hn::Max(m_new, hn::Load(df, st + c * rows + lane0));
+      VF m_part[kPartials] = {m_old, m_old, m_old, m_old};
+      std::int64_t c = 0;
+      for (; c + kPartials <= padded; c += kPartials)
+        for (std::int64_t j = 0; j < kPartials; ++j)
+          m_part[j] = hn::Max(m_part[j], hn::Load(df, st + (c + j) * rows + lane0));
+      for (; c < padded; ++c) m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
+      const VF m_new = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
       // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
       const VF alpha = Exp2(df, hn::Sub(m_old, m_use));
-      VF sum = hn::Zero(df);
-      for (std::int64_t c = 0; c < padded; ++c) {
+      VF sum[kPartials] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
+      const auto exponentiate = [&](std::int64_t c, VF& partial) {
         float* at = st + c * rows + lane0;
         const VF prob = Exp2(df, hn::Sub(hn::Load(df, at), m_use));
         hn::Store(prob, df, at);
-        sum = hn::Add(sum, prob);
-      }
-      hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, sum), df, t.l.get() + lane0);
+        partial = hn::Add(partial, prob);
+      };
+      for (c = 0; c + kPartials <= padded; c += kPartials)
+        for (std::int64_t j = 0; j < kPartials; ++j) exponentiate(c + j, sum[j]);
+      for (; c < padded; ++c) exponentiate(c, sum[c % kPartials]);
+      const VF tile_sum = hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]));
+      hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, tile_sum), df, t.l.get() + lane0);
       hn::Store(m_new, df, t.m.get() + lane0);
       // No key seen yet in any lane (m = −inf: the subtile's first tile): Oᵀ holds only
       // +0, or NaN from a NaN or infinite value under a zero weight, so α = 0 would leave
