@@ -83,6 +83,12 @@ def _input(x: Optional[torch.Tensor]):
     return _view(_readable(x))
 
 
+def _heads_first(x: torch.Tensor):
+    """A (total, H, E) varlen input as the binding takes it: the library's (H, total, E)
+    view of it (transpose: strides only), _readable."""
+    return _view(_readable(x).transpose(0, 1))
+
+
 def _attention_forward_body(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
@@ -166,44 +172,45 @@ def _gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-def _differentiable(forward_op, forward, setup_context, gradients, backward_op, backward_body):
+def _differentiable(name, forward_op, forward_body, setup_context, gradients, backward_op, backward_body):
     """Registers `forward_op`'s autograd formula — `gradients(backward_op, ctx, *grads)` —
     and returns its eager twin, for calls outside torch.compile: a torch.autograd.Function
-    (its `apply`) with the same forward body, context and gradients, without torch.library's
-    dispatch, whose
-    autograd wrapper rebuilds the op's schema (some twenty arguments) each time it reads one
-    while filling in defaults for setup_context (torch/_library/utils.py, fill_defaults):
-    ~160 µs a call on the Cascade Lake Xeon of bench/RESULTS.md, ten times a small head's
-    forward (docs/performance.md, "Small problems").
+    (its `apply`) named `name`, with the same forward body, context and gradients, without
+    torch.library's dispatch, whose autograd wrapper rebuilds the op's schema (some twenty
+    arguments) each time it reads one while filling in defaults for setup_context
+    (torch/_library/utils.py, fill_defaults): ~160 µs a call on the Cascade Lake Xeon of
+    bench/RESULTS.md, ten times a small head's forward (docs/performance.md, "Small
+    problems"). Its outputs' grad_fn is f"{name}Backward", the name autograd's errors and
+    graph printers show.
 
     `gradients(backward, ctx, *grads)` calls the library's backward as `backward`: its body,
     or, when the backward pass builds a graph (create_graph=True runs it in grad mode), the
     backward op, whose outputs then refuse a second derivative (it has no formula) instead of
     entering the graph as constants that would drop their terms from a loss."""
 
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            output = forward(*inputs)
-            setup_context(ctx, inputs, output)
-            return output
+    def forward(ctx, *inputs):
+        output = forward_body(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
 
-        @staticmethod
-        def backward(ctx, *grads):
-            # Batched gradients (jacobian(vectorize=True), gradcheck's batched check) are
-            # vmap-wrapped: the op has the batching rule the body's detach lacks.
-            wrapped = any(g is not None and torch._C._dispatch_isTensorSubclassLike(g) for g in grads)
-            return gradients(backward_op if torch.is_grad_enabled() or wrapped else backward_body, ctx, *grads)
+    def backward(ctx, *grads):
+        # Batched gradients (jacobian(vectorize=True), gradcheck's batched check) are
+        # vmap-wrapped: the op has the batching rule the body's detach lacks.
+        wrapped = any(g is not None and torch._C._dispatch_isTensorSubclassLike(g) for g in grads)
+        return gradients(backward_op if torch.is_grad_enabled() or wrapped else backward_body, ctx, *grads)
 
     def formula(ctx, *grads):
         return gradients(backward_op, ctx, *grads)
 
     forward_op.register_autograd(formula, setup_context=setup_context)
-    return Eager.apply
+    # type(), not a class statement: autograd names the grad_fn class when the Function
+    # class is made.
+    twin = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return twin.apply
 
 
-_eager_attention = _differentiable(attention_forward, _attention_forward_body, _setup_context, _gradients,
-                                   attention_backward, _attention_backward_body)
+_eager_attention = _differentiable("SdpaAttention", attention_forward, _attention_forward_body, _setup_context,
+                                   _gradients, attention_backward, _attention_backward_body)
 
 
 def wanted(*tensors) -> bool:
@@ -247,10 +254,9 @@ def _varlen_forward_body(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_sl
     total_q, heads = query.shape[0], query.shape[1]
     out = torch.empty((total_q, heads, value.shape[-1]), dtype=query.dtype)
     lse = torch.empty((heads, total_q), dtype=_lse_dtype(query))
-    _core.forward_varlen(_view(_readable(query).transpose(0, 1)), _view(_readable(key).transpose(0, 1)),
-                         _view(_readable(value).transpose(0, 1)), _input(cu_seqlens_q), _input(cu_seqlens_k),
-                         _input(alibi_slopes), _input(sinks), _view(out.transpose(0, 1)), _view(lse),
-                         _core_options(options))
+    _core.forward_varlen(_heads_first(query), _heads_first(key), _heads_first(value), _input(cu_seqlens_q),
+                         _input(cu_seqlens_k), _input(alibi_slopes), _input(sinks), _view(out.transpose(0, 1)),
+                         _view(lse), _core_options(options))
     return out, lse
 
 
@@ -275,9 +281,8 @@ def _varlen_backward_body(grad_output, query, key, value, cu_seqlens_q, cu_seqle
     dv = torch.empty(value.shape, dtype=value.dtype)
     dsinks = _sink_gradient_buffer(sinks, query)
     grad_output = _readable(grad_output).to(query.dtype)
-    _core.backward_varlen(_view(_readable(query).transpose(0, 1)), _view(_readable(key).transpose(0, 1)),
-                          _view(_readable(value).transpose(0, 1)), _input(cu_seqlens_q), _input(cu_seqlens_k),
-                          _input(alibi_slopes), _input(sinks), _view(_readable(output).transpose(0, 1)),
+    _core.backward_varlen(_heads_first(query), _heads_first(key), _heads_first(value), _input(cu_seqlens_q),
+                          _input(cu_seqlens_k), _input(alibi_slopes), _input(sinks), _heads_first(output),
                           _input(lse), _view(grad_output.transpose(0, 1)), _view(_lse_gradient(grad_lse, lse)),
                           _view(dq.transpose(0, 1)), _view(dk.transpose(0, 1)), _view(dv.transpose(0, 1)),
                           None if sinks is None else _view(dsinks), _core_options(options))
@@ -315,8 +320,8 @@ def _varlen_gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-_eager_varlen = _differentiable(varlen_forward, _varlen_forward_body, _varlen_setup_context, _varlen_gradients,
-                                varlen_backward, _varlen_backward_body)
+_eager_varlen = _differentiable("SdpaVarlen", varlen_forward, _varlen_forward_body, _varlen_setup_context,
+                                _varlen_gradients, varlen_backward, _varlen_backward_body)
 
 
 def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, options):

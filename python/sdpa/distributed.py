@@ -120,8 +120,8 @@ def _gradients(backward, ctx, grad_output, grad_lse):
             + (None,) * len(ctx.options))
 
 
-_eager_ring = _differentiable(ring_forward, _ring_forward_body, _setup_context, _gradients, ring_backward,
-                              _ring_backward_body)
+_eager_ring = _differentiable("SdpaRingAttention", ring_forward, _ring_forward_body, _setup_context, _gradients,
+                              ring_backward, _ring_backward_body)
 
 # What the library reads: the query's dtypes, and bool for a key-padding mask. Anything else
 # is refused here, with the other arguments' checks, before any rank reaches the library.

@@ -155,6 +155,27 @@ def test_sinks_with_the_lse_returned():
     assert (ring_sinks.grad - expected_grad).abs().max().item() <= 1e-12
 
 
+def test_the_eager_twin_gives_the_custom_ops_bits():
+    # Outside torch.compile ring_attention takes the op pair's torch.autograd.Function twin
+    # (sdpa/_autograd.py, _differentiable): the same bodies, so the same bits as the custom
+    # op in the output, the lse and every gradient (dropout's mask and the sinks' too).
+    from sdpa import _options
+    g = torch.Generator().manual_seed(23)
+    L = 30
+    rows = dist.shard_rows(L, SIZE, RANK, "zigzag")
+    q, k, v = (_shard(torch.randn(1, 2, L, 8, dtype=torch.float64, generator=g), rows).requires_grad_()
+               for _ in range(3))
+    sinks = torch.tensor([0.3, -0.8], dtype=torch.float64, requires_grad=True)
+    flat = _options.flatten(_options.Options(causal="top_left", dropout_p=0.25, seed=5))
+    results = []
+    for op in (dist.ring_forward, dist._eager_ring):
+        out, lse = op(q, k, v, None, None, sinks, dist._comm_handle(COMM), L, L, "zigzag:ring", *flat)
+        results.append((out, lse) + torch.autograd.grad(out.square().sum() + lse.sin().sum(), (q, k, v, sinks)))
+    assert type(results[1][0].grad_fn).__name__ == "SdpaRingAttentionBackward"
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_alibi_slopes_as_a_list_are_float64_as_in_sdpa_attention():
     # sdpa.attention takes a list of slopes as float64; ring_attention made it float32, whose
     # rounding (~1e-8 of a slope, times distances up to L) moved the output far above 1e-12.

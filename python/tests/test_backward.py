@@ -453,7 +453,7 @@ def test_torch_compile_fullgraph_matches_eager():
 
 
 def test_eager_calls_give_the_custom_ops_bits():
-    """Outside torch.compile a call takes the custom op's eager twin (_autograd._eager: the same
+    """Outside torch.compile a call takes the custom op's eager twin (_autograd._differentiable: the same
     forward and backward bodies without torch.library's dispatch); its outputs and every
     gradient (a float mask's and the sinks' too, through a loss on the lse) are the op's."""
     g = torch.Generator().manual_seed(5)
@@ -467,7 +467,6 @@ def test_eager_calls_give_the_custom_ops_bits():
         out, lse = op(*inputs, "mask", *flat)
         loss = out.square().sum() + lse.sin().sum()
         results.append((out, lse) + torch.autograd.grad(loss, (q, k, v, mask, sinks)))
-    assert type(results[1][0].grad_fn).__name__ != type(results[0][0].grad_fn).__name__
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
@@ -514,6 +513,30 @@ def test_transforms_and_dispatch_modes_see_the_custom_op():
     traced = make_fx(lambda q: sdpa.attention(q, k, v), tracing_mode="real")(q)
     assert "sdpa.attention_forward" in str(traced.graph)
     assert torch.equal(traced(q), sdpa.attention(q, k, v))
+
+
+def test_calls_take_the_twin_or_the_op_by_what_they_are_given():
+    """The route, read off the grad_fn: plain tensors and Parameters (a model's weights,
+    the common case) take the eager twin, named after the call (an autograd error says
+    "SdpaAttentionBackward", not a generated name); a tensor subclass takes the custom op
+    (a fake tensor's call is traced, not run); a call where no gradient is wanted takes
+    neither."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g, requires_grad=True) for _ in range(3))
+    assert type(sdpa.attention(q, k, v).grad_fn).__name__ == "SdpaAttentionBackward"
+    weight = torch.nn.Parameter(q.detach().clone())
+    assert type(sdpa.scaled_dot_product_attention(weight, k, v).grad_fn).__name__ == "SdpaAttentionBackward"
+    cu = [0, 1, 4]
+    packed = [x[0].transpose(0, 1) for x in (q, k, v)]
+    assert type(sdpa.varlen_attention(*packed, cu, cu).grad_fn).__name__ == "SdpaVarlenBackward"
+    with torch.no_grad():
+        assert sdpa.attention(q, k, v).grad_fn is None
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(x) for x in (q, k, v)]
+        out = sdpa.attention(*fake)
+    assert "sdpa_attention_forward" in type(out.grad_fn).__name__
+    assert out.shape == (1, 2, 4, 8)
 
 
 def test_numpy_inputs_are_unaffected():
