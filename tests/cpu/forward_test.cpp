@@ -204,6 +204,41 @@ TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfNeverNaN) {
   for (std::int64_t i = 0; i < r.output.numel(); ++i) EXPECT_FALSE(std::isnan(r.output.get(i)));
 }
 
+// A subtile of rows that see no key ends with Oᵀ = 0, whatever an earlier call left in
+// the thread's kept scratch: Oᵀ is written by the first P·V, not zeroed ahead (a small
+// head's saving), so a subtile no P·V reaches is zeroed at the end. With a sink, its
+// rows fold 0 · α into the output; left as the previous call's NaN, they gave NaN.
+TEST(CpuForward, RowsThatSeeNoKeyGiveZeroAfterACallThatLeftNaN) {
+  std::mt19937_64 rng(31);
+  const Tensor q = random_tensor(DType::float32, {1, 1, 40, 8}, rng),
+               k = random_tensor(DType::float32, {1, 1, 40, 8}, rng);
+  Tensor v = random_tensor(DType::float32, {1, 1, 40, 8}, rng);
+  for (std::int64_t j = 0; j < 40; ++j) v.set(j * 8 + 3, std::numeric_limits<double>::quiet_NaN());
+  Options options;
+  options.num_threads = 1;  // the calling thread's scratch, both calls
+  const ForwardResult poisoned = forward(q.view(), k.view(), v.view(), options);
+  ASSERT_TRUE(std::isnan(poisoned.output.at({0, 0, 0, 3})));
+
+  Tensor sinks(DType::float32, {1});
+  sinks.set(0, 0.5);
+  Tensor mask(DType::boolean, {40, 40});  // all false: no row sees a key
+  // Sinks first: a call without them stores 0 into Oᵀ as it writes the output.
+  for (const bool with_sinks : {true, false}) {
+    Options hidden = options;
+    hidden.mask = mask.view();
+    if (with_sinks) hidden.sinks = sinks.view();
+    const ForwardResult r = forward(q.view(), k.view(), random_tensor(DType::float32, {1, 1, 40, 8}, rng).view(),
+                                    hidden, Returns{false, true});
+    for (std::int64_t i = 0; i < 40; ++i) {
+      if (with_sinks)
+        EXPECT_NEAR(r.lse.at({0, 0, i}), 0.5, 1e-6);
+      else
+        EXPECT_EQ(r.lse.at({0, 0, i}), -kInf);
+      for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.output.at({0, 0, i, e}), 0.0) << "row " << i << " dim " << e;
+    }
+  }
+}
+
 // A float mask of −1e9 everywhere is not "fully masked". In float32, s − 1e9 rounds to
 // −1e9 for every score (floats near 1e9 are 64 apart), so the softmax is uniform, as
 // seeds 001 and 004 observe — not 0, and not NaN.

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/problem.h"
@@ -72,8 +73,12 @@ constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyB
 // otherwise stream K and V from memory once per 32 queries).
 struct Subtile : RowSet {
   hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
-  hwy::AlignedFreeUniquePtr<float[]> q_rows;        // int8 decode: Q (scaled) row-major, kFewRows × E
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;    // bfloat16 path: query pairs
+  // Oᵀ holds nothing yet in this Attend (it stands for 0): the first P·V writes it instead
+  // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
+  // load of Oᵀ.
+  bool ot_fresh = true;
+  hwy::AlignedFreeUniquePtr<float[]> q_rows;      // int8 decode: Q (scaled) row-major, kFewRows × E
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;  // bfloat16 path: query pairs
 };
 
 // Per-thread scratch, 64-byte aligned. `rows` = kVectors vectors of query rows per subtile.
@@ -184,7 +189,7 @@ class Task {
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
       PackQuery(t);
-      std::fill(t.ot.get(), t.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
+      t.ot_fresh = true;
       std::fill(t.m.get(), t.m.get() + s_.rows, kMinusInf);
       std::fill(t.l.get(), t.l.get() + s_.rows, 0.0f);
       if (t.key_limit > t.key_start) key_start = std::min(key_start, t.key_start);
@@ -205,6 +210,8 @@ class Task {
         Accumulate(t, j0, cols, tile_cols);
       }
     }
+    for (std::int64_t g = 0; g < subtiles_; ++g)  // no visible key reached it: Oᵀ = 0
+      if (s_.sub[g].ot_fresh) ZeroOutputs(s_.sub[g]);
   }
 
   // Merges the split states of the current rows by their log-sum-exp (MergeSplitStates),
@@ -277,7 +284,8 @@ class Task {
         Transpose(reinterpret_cast<const float*>(p_.query.address(first.matrix, first.i, 0)),
                   static_cast<std::size_t>(p_.query.row_stride), r1 - r0, E, qt + r0, s_.rows);
       });
-      for (std::size_t e = 0; e < E; ++e) std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
+      if (static_cast<std::size_t>(rows) < s_.rows)  // padding lanes compute 0
+        for (std::size_t e = 0; e < E; ++e) std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
     } else {
       for (std::int64_t r = 0; r < rows; ++r)
         LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
@@ -366,7 +374,8 @@ class Task {
       for (; c + kPartials <= padded; c += kPartials)
         for (std::int64_t j = 0; j < kPartials; ++j)
           m_part[j] = hn::Max(m_part[j], hn::Load(df, st + (c + j) * rows + lane0));
-      for (; c < padded; ++c) m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
+      for (; c < padded; ++c)
+        m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
       const VF m_new = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
       // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
@@ -388,7 +397,9 @@ class Task {
       // +0, or NaN from a NaN or infinite value under a zero weight, so α = 0 would leave
       // it as it is. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose
       // max rises that far between tiles must still have its Oᵀ zeroed.)
-      if (hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df))))) continue;
+      // (Nothing to rescale while Oᵀ is fresh.)
+      if (t.ot_fresh || hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)))))
+        continue;
       float* ot = t.ot.get() + lane0;
       for (std::int64_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
     }
@@ -415,6 +426,9 @@ class Task {
   // bfloat16: P rounded to bfloat16 (as FlashAttention does for its P·V product; l
   // keeps the float32 sum).
   void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols) {
+    const bool overwrite = std::exchange(t.ot_fresh, false);
+    // The int8 decode and bfloat16 kernels only add to Oᵀ.
+    if (overwrite && (few_values_ > 0 || bf16_)) ZeroOutputs(t);
     if (few_values_ > 0) {  // int8 decode: V read in place
       if (!values_loaded_) {
         LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
@@ -452,7 +466,12 @@ class Task {
       bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }
-    simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows);
+    simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows,
+                               overwrite);
+  }
+
+  void ZeroOutputs(Subtile& t) const {
+    std::fill(t.ot.get(), t.ot.get() + std::max<std::int64_t>(p_.Ev, 1) * s_.rows, 0.0f);
   }
 
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.

@@ -118,16 +118,18 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT qt, std::size_t rows, std::i
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
 // a subtile's `Vectors` row vectors: the forward's Oᵀ += V-broadcast ⊗ Pᵀ; the backward's
-// dQᵀ += K-broadcast ⊗ dSᵀ.
+// dQᵀ += K-broadcast ⊗ dSᵀ. With `overwrite`, ot's old values are not read (= instead of
+// +=, as if they were +0: the same bits).
 template <std::size_t Block, std::size_t Vectors = 2>
 HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
                                 const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot,
-                                std::size_t rows) {
+                                std::size_t rows, bool overwrite = false) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
   VF acc[Vectors][Block];
   for (std::size_t d = 0; d < Block; ++d)
-    for (std::size_t w = 0; w < Vectors; ++w) acc[w][d] = hn::Load(df, ot + d * rows + w * N);
+    for (std::size_t w = 0; w < Vectors; ++w)
+      acc[w][d] = overwrite ? hn::Zero(df) : hn::Load(df, ot + d * rows + w * N);
   for (std::int64_t c = 0; c < cols; ++c) {
     VF p[Vectors];
     for (std::size_t w = 0; w < Vectors; ++w) p[w] = hn::Load(df, pt + c * pt_stride + w * N);
@@ -149,23 +151,24 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
 // FMAs a cycle gets closer to its FMA rate the fewer there are per FMA (bench/RESULTS.md:
 // D = 12 made P·V 8 % faster in isolation on a Cascade Lake Xeon, a whole call 2–3 %).
 template <std::size_t Vectors = 2>
-inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
-                       std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows) {
+inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v, std::int64_t v_stride,
+                       std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false) {
   constexpr std::size_t kBlock = Vectors == 1 ? 2 * kValueBlock : Vectors == 2 ? kValueBlock * 3 / 2 : kValueBlock;
   std::int64_t d = 0;
   for (; d + static_cast<std::int64_t>(kBlock) <= dims; d += kBlock)
-    AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+    AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
   const auto narrower_block = [&](auto width) {
     constexpr std::size_t kWidth = decltype(width)::value;
     if constexpr (kWidth < kBlock) {
       if (d + static_cast<std::int64_t>(kWidth) > dims) return;
-      AccumulateBlock<kWidth, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+      AccumulateBlock<kWidth, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
       d += kWidth;
     }
   };
   narrower_block(std::integral_constant<std::size_t, 8>());
   narrower_block(std::integral_constant<std::size_t, 4>());
-  for (; d < dims; ++d) AccumulateBlock<1, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows);
+  for (; d < dims; ++d)
+    AccumulateBlock<1, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
 }
 
 // The backward's rank updates: dK, dV accumulate kRankKeys keys × up to 4 vectors of
