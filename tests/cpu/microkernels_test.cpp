@@ -166,22 +166,29 @@ HWY_NOINLINE void TestScoreTile() {
 }
 
 // Whole 8 × 8 blocks, single elements and the edges between them, with strides wider
-// than the matrices: the transpose exactly, and nothing written between
-// the output's rows.
+// than the matrices: the transpose exactly (TransposeScaled: each element times the
+// scale, the float product's bits), and nothing written between the output's rows.
 HWY_NOINLINE void TestTranspose() {
   std::mt19937 rng(6);
-  for (std::size_t rows : {1, 7, 8, 15, 16, 17, 33, 48})
-    for (std::size_t cols : {1, 8, 9, 16, 24, 40, 64}) {
-      const std::size_t in_stride = cols + 3, out_stride = rows + 5;
-      const auto in = RandomFloats(rows * in_stride, rng);
-      auto out = hwy::AllocateAligned<float>(cols * out_stride);
-      for (std::size_t x = 0; x < cols * out_stride; ++x) out[x] = -7.0f;
-      Transpose(in.get(), in_stride, rows, cols, out.get(), out_stride);
-      for (std::size_t c = 0; c < cols; ++c)
-        for (std::size_t r = 0; r < out_stride; ++r)
-          EXPECT_EQ(out[c * out_stride + r], r < rows ? in[r * in_stride + c] : -7.0f)
-              << rows << " x " << cols << ": row " << r << " column " << c;
-    }
+  for (const bool scaled : {false, true})
+    for (std::size_t rows : {1, 7, 8, 15, 16, 17, 33, 48})
+      for (std::size_t cols : {1, 8, 9, 16, 24, 40, 64}) {
+        const std::size_t in_stride = cols + 3, out_stride = rows + 5;
+        const float scale = 0.3f;
+        const auto in = RandomFloats(rows * in_stride, rng);
+        auto out = hwy::AllocateAligned<float>(cols * out_stride);
+        for (std::size_t x = 0; x < cols * out_stride; ++x) out[x] = -7.0f;
+        if (scaled)
+          TransposeScaled(in.get(), in_stride, rows, cols, out.get(), out_stride, scale);
+        else
+          Transpose(in.get(), in_stride, rows, cols, out.get(), out_stride);
+        for (std::size_t c = 0; c < cols; ++c)
+          for (std::size_t r = 0; r < out_stride; ++r) {
+            const float value = r < rows ? in[r * in_stride + c] : -7.0f;
+            EXPECT_EQ(out[c * out_stride + r], scaled && r < rows ? value * scale : value)
+                << (scaled ? "scaled " : "") << rows << " x " << cols << ": row " << r << " column " << c;
+          }
+      }
 }
 
 template <std::size_t Vectors>

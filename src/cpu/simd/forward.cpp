@@ -276,13 +276,14 @@ class Task {
     const auto E = static_cast<std::size_t>(p_.E);
     float* qt = t.qt.get();
     float* q_rows = s_.row_major.get();
+    const float c = static_cast<float>(p_.scale * kLog2e);
     if (few_keys_ == 0 && FloatRows(p_.query) && p_.query.row_stride >= 0) {
       // Straight from the input, a run of consecutive rows at a time (no row-major copy:
       // for a small head it cost as much as the transpose).
       ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
         const Row& first = t.rows[r0];
-        Transpose(reinterpret_cast<const float*>(p_.query.address(first.matrix, first.i, 0)),
-                  static_cast<std::size_t>(p_.query.row_stride), r1 - r0, E, qt + r0, s_.rows);
+        TransposeScaled(reinterpret_cast<const float*>(p_.query.address(first.matrix, first.i, 0)),
+                        static_cast<std::size_t>(p_.query.row_stride), r1 - r0, E, qt + r0, s_.rows, c);
       });
       if (static_cast<std::size_t>(rows) < s_.rows)  // padding lanes compute 0
         for (std::size_t e = 0; e < E; ++e) std::fill(qt + e * s_.rows + rows, qt + (e + 1) * s_.rows, 0.0f);
@@ -290,10 +291,8 @@ class Task {
       for (std::int64_t r = 0; r < rows; ++r)
         LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
       std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);  // zero padding lanes compute 0
-      Transpose(q_rows, E, s_.rows, E, qt, s_.rows);
+      TransposeScaled(q_rows, E, s_.rows, E, qt, s_.rows, c);
     }
-    const float c = static_cast<float>(p_.scale * kLog2e);
-    for (std::size_t x = 0; x < E * s_.rows; ++x) qt[x] *= c;
     // The int8 decode kernels read Q row-major (int8_rows-inl.h), scaled alike.
     if (few_keys_ > 0)
       for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;

@@ -4,7 +4,9 @@
 // the arithmetic (L = S = 32: a third of a call went to packing Qᵀ and unpacking Oᵀ).
 // On targets with 256-bit vectors, 8 × 8 blocks are transposed in registers instead:
 // 32-bit, then 64-bit interleaves within each 128-bit half, then the halves swapped —
-// 24 shuffles for 64 elements. Pure data movement: the values are the same bits.
+// 24 shuffles for 64 elements. Pure data movement: the values are the same bits
+// (TransposeScaled: each value times a scale on the way, rounded as a separate pass
+// over the result would round it).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_TRANSPOSE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -26,14 +28,18 @@ namespace simd {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // 256-bit vectors
-// out[c·out_stride + r] = in[r·in_stride + c] for r, c < 8.
+// out[c·out_stride + r] = in[r·in_stride + c] (· scale, if kScaled) for r, c < 8.
+template <bool kScaled>
 HWY_INLINE void Transpose8x8(const float* HWY_RESTRICT in, std::size_t in_stride, float* HWY_RESTRICT out,
-                             std::size_t out_stride) {
+                             std::size_t out_stride, float scale) {
   const hn::FixedTag<float, 8> d;
   const hn::Repartition<double, decltype(d)> dd;
   using V = hn::Vec<decltype(d)>;
   V r[8], t[8], u[8];
-  for (std::size_t i = 0; i < 8; ++i) r[i] = hn::LoadU(d, in + i * in_stride);
+  for (std::size_t i = 0; i < 8; ++i) {
+    r[i] = hn::LoadU(d, in + i * in_stride);
+    if constexpr (kScaled) r[i] = hn::Mul(r[i], hn::Set(d, scale));
+  }
   // t[2i] = r2i_0 r2i+1_0 r2i_1 r2i+1_1 | r2i_4 r2i+1_4 r2i_5 r2i+1_5; t[2i+1]: columns 2, 3 | 6, 7.
   for (std::size_t i = 0; i < 8; i += 2) {
     t[i] = hn::InterleaveLower(d, r[i], r[i + 1]);
@@ -59,21 +65,38 @@ HWY_INLINE void Transpose8x8(const float* HWY_RESTRICT in, std::size_t in_stride
 }
 #endif
 
-// out[c·out_stride + r] = in[r·in_stride + c] for r < rows, c < cols.
-inline void Transpose(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
-                      float* HWY_RESTRICT out, std::size_t out_stride) {
+template <bool kScaled>
+inline void TransposeBlocks(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
+                            float* HWY_RESTRICT out, std::size_t out_stride, float scale) {
+  const auto value = [&](std::size_t r, std::size_t c) {
+    if constexpr (kScaled) return in[r * in_stride + c] * scale;
+    return in[r * in_stride + c];
+  };
   std::size_t r0 = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   for (; r0 + 8 <= rows; r0 += 8) {
     std::size_t c0 = 0;
     for (; c0 + 8 <= cols; c0 += 8)
-      Transpose8x8(in + r0 * in_stride + c0, in_stride, out + c0 * out_stride + r0, out_stride);
+      Transpose8x8<kScaled>(in + r0 * in_stride + c0, in_stride, out + c0 * out_stride + r0, out_stride, scale);
     for (; c0 < cols; ++c0)
-      for (std::size_t r = r0; r < r0 + 8; ++r) out[c0 * out_stride + r] = in[r * in_stride + c0];
+      for (std::size_t r = r0; r < r0 + 8; ++r) out[c0 * out_stride + r] = value(r, c0);
   }
 #endif
   for (; r0 < rows; ++r0)
-    for (std::size_t c = 0; c < cols; ++c) out[c * out_stride + r0] = in[r0 * in_stride + c];
+    for (std::size_t c = 0; c < cols; ++c) out[c * out_stride + r0] = value(r0, c);
+}
+
+// out[c·out_stride + r] = in[r·in_stride + c] for r < rows, c < cols.
+inline void Transpose(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
+                      float* HWY_RESTRICT out, std::size_t out_stride) {
+  TransposeBlocks<false>(in, in_stride, rows, cols, out, out_stride, 1.0f);
+}
+
+// out[c·out_stride + r] = in[r·in_stride + c] · scale: the forward packs Qᵀ times
+// scale·log2(e) in one pass, not a transpose and then a pass of multiplies over Qᵀ.
+inline void TransposeScaled(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
+                            float* HWY_RESTRICT out, std::size_t out_stride, float scale) {
+  TransposeBlocks<true>(in, in_stride, rows, cols, out, out_stride, scale);
 }
 
 }  // namespace simd
