@@ -5,14 +5,19 @@
 //
 //   sdpa_ab_loop B Hq Hkv L S E causal calls [threads] [backward]
 //
-// prints GFLOP/s (FlashAttention's count: 4·B·Hq·L·S·E, half when causal, ×2.5 for the
-// backward) or, for L = 1, GB/s of K and V, and the best time.
+// float32, packed, Ev = E; causal is bottom-right. Prints GFLOP/s (FlashAttention's
+// count: 4·B·Hq·L·S·E, half when causal — exact only for L = S — and ×2.5 for the
+// backward) or, for a forward with L = 1, GB/s of K and V; and the best call's time.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -33,6 +38,17 @@ sdpa::Tensor random_tensor(std::vector<std::int64_t> shape, std::mt19937_64& rng
   return t;
 }
 
+// The whole of `text` as a whole number in [low, high], or a message naming `name`.
+std::int64_t parse(const char* text, const char* name, std::int64_t low, std::int64_t high) {
+  std::int64_t value = 0;
+  const std::string_view view(text);
+  const auto [end, error] = std::from_chars(view.data(), view.data() + view.size(), value);
+  if (error != std::errc() || end != view.data() + view.size() || value < low || value > high)
+    throw std::invalid_argument(std::string(name) + ": expected a whole number in [" + std::to_string(low) + ", " +
+                                std::to_string(high) + "], got '" + text + "'");
+  return value;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,41 +56,44 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s B Hq Hkv L S E causal calls [threads=1] [backward=0]\n", argv[0]);
     return 2;
   }
-  std::int64_t n[8];
-  for (int i = 0; i < 8; ++i) n[i] = std::stoll(argv[i + 1]);
-  const auto [B, Hq, Hkv, L, S, E] = std::tuple{n[0], n[1], n[2], n[3], n[4], n[5]};
-  const bool causal = n[6] != 0, backward = argc > 10 && std::stoi(argv[10]) != 0;
-  const std::int64_t calls = n[7];
-  const int threads = argc > 9 ? std::stoi(argv[9]) : 1;
-  std::mt19937_64 rng(1);
-  const sdpa::Tensor q = random_tensor({B, Hq, L, E}, rng), k = random_tensor({B, Hkv, S, E}, rng),
-                     v = random_tensor({B, Hkv, S, E}, rng), grad_output = random_tensor({B, Hq, L, E}, rng);
-  sdpa::Tensor out(sdpa::DType::float32, {B, Hq, L, E}), lse(sdpa::DType::float32, {B, Hq, L}),
-      dq(sdpa::DType::float32, {B, Hq, L, E}), dk(sdpa::DType::float32, {B, Hkv, S, E}),
-      dv(sdpa::DType::float32, {B, Hkv, S, E});
-  sdpa::Options options;
-  options.num_threads = threads;
-  if (causal) options.causal = sdpa::Causal::bottom_right;
   try {
+    constexpr std::int64_t kMax = std::int64_t{1} << 40;
+    const std::int64_t B = parse(argv[1], "B", 0, kMax), Hq = parse(argv[2], "Hq", 0, kMax),
+                       Hkv = parse(argv[3], "Hkv", 0, kMax), L = parse(argv[4], "L", 0, kMax),
+                       S = parse(argv[5], "S", 0, kMax), E = parse(argv[6], "E", 0, kMax);
+    const bool causal = parse(argv[7], "causal", 0, 1) != 0;
+    const std::int64_t calls = parse(argv[8], "calls", 1, kMax);
+    const int threads = argc > 9 ? static_cast<int>(parse(argv[9], "threads", 0, 4096)) : 1;
+    const bool backward = argc > 10 && parse(argv[10], "backward", 0, 1) != 0;
+    std::mt19937_64 rng(1);
+    const sdpa::Tensor q = random_tensor({B, Hq, L, E}, rng), k = random_tensor({B, Hkv, S, E}, rng),
+                       v = random_tensor({B, Hkv, S, E}, rng), grad_output = random_tensor({B, Hq, L, E}, rng);
+    sdpa::Tensor out(sdpa::DType::float32, {B, Hq, L, E}), lse(sdpa::DType::float32, {B, Hq, L}),
+        dq(sdpa::DType::float32, {B, Hq, L, E}), dk(sdpa::DType::float32, {B, Hkv, S, E}),
+        dv(sdpa::DType::float32, {B, Hkv, S, E});
+    sdpa::Options options;
+    options.num_threads = threads;
+    if (causal) options.causal = sdpa::Causal::bottom_right;
     sdpa::forward(q.view(), k.view(), v.view(), {out.view(), {}, lse.view()}, options);
+    const bool cpu_time = threads == 1;
     double best = 1e300;
     for (std::int64_t call = 0; call < calls; ++call) {
-      const double start = seconds(threads == 1);
+      const double start = seconds(cpu_time);
       if (backward)
         sdpa::backward({q.view(), k.view(), v.view(), out.view(), lse.view(), grad_output.view()},
                        {dq.view(), dk.view(), dv.view()}, options);
       else
         sdpa::forward(q.view(), k.view(), v.view(), {out.view(), {}, {}}, options);
-      best = std::min(best, seconds(threads == 1) - start);
+      best = std::min(best, seconds(cpu_time) - start);
     }
     const auto d = [](std::int64_t x) { return static_cast<double>(x); };
     if (L == 1 && !backward)
-      std::printf("%.2f GB/s  best %.3f ms\n", 8.0 * d(B * Hkv * S * E) / best * 1e-9, best * 1e3);
+      std::printf("%.2f GB/s  best %.3f ms\n", 8.0 * d(B) * d(Hkv) * d(S) * d(E) / best * 1e-9, best * 1e3);
     else
       std::printf("%.1f GFLOP/s  best %.3f ms\n",
-                  4.0 * d(B * Hq * L) * d(S * E) * (causal ? 0.5 : 1.0) * (backward ? 2.5 : 1.0) / best * 1e-9,
+                  4.0 * d(B) * d(Hq) * d(L) * d(S) * d(E) * (causal ? 0.5 : 1.0) * (backward ? 2.5 : 1.0) / best * 1e-9,
                   best * 1e3);
-  } catch (const sdpa::Error& e) {
+  } catch (const std::exception& e) {  // sdpa::Error (a bad shape), a bad argument, no memory
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -204,8 +204,9 @@ def _differentiable(name, forward_op, forward_body, setup_context, gradients, ba
 
     forward_op.register_autograd(formula, setup_context=setup_context)
     # type(), not a class statement: autograd names the grad_fn class when the Function
-    # class is made.
-    twin = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    # class is made. Its module is the op's (sdpa.distributed for the ring's).
+    twin = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward),
+                                                   "__module__": forward_body.__module__})
     return twin.apply
 
 

@@ -8,6 +8,7 @@
 // (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -197,27 +198,31 @@ void CheckAccumulate() {
   const std::size_t N = hn::Lanes(df), rows = Vectors * N, pt_stride = rows + N;
   std::mt19937 rng(3);
   // Every path through the blocks (whole blocks of 16, 12 or 8 dims on AVX-512, half
-  // that on AVX2, then at most one block of 8, one of 4, and single dims): 27 = 12 + 8 +
-  // 4 + 3, 31 = 16 + 8 + 4 + 3, and model head dims.
-  for (std::int64_t dims : {1, 3, 4, 7, 8, 12, 15, 16, 27, 31, 37, 64, 128}) {
-    const std::int64_t cols = 29, v_stride = dims + 2;
-    const auto pt = RandomFloats(cols * pt_stride, rng);
-    const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
-    auto ot = RandomFloats(static_cast<std::size_t>(dims) * rows, rng);  // accumulated into, not overwritten
-    const std::vector<float> before = Copy(ot.get(), static_cast<std::size_t>(dims) * rows);
-    Accumulate<Vectors>(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows);
-    for (std::int64_t d = 0; d < dims; ++d)
-      for (std::size_t r = 0; r < rows; ++r) {
-        double exact = before[d * rows + r], magnitude = std::abs(exact);
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const double term = static_cast<double>(v[c * v_stride + d]) * pt[c * pt_stride + r];
-          exact += term;
-          magnitude += std::abs(term);
+  // that on AVX2, then at most one block of 8 and one of 4 narrower than the whole
+  // block, then single dims): e.g. 27 = 12 + 12 + 3 for two vectors, 31 = 16 + 8 + 4 + 3
+  // for one, 15 = 8 + 4 + 3 for three; and model head dims. With `overwrite`, ot's old
+  // values (NaN here) are not read: the sum starts from 0.
+  for (const bool overwrite : {false, true})
+    for (std::int64_t dims : {1, 3, 4, 7, 8, 12, 15, 16, 27, 31, 37, 64, 128}) {
+      const std::int64_t cols = 29, v_stride = dims + 2;
+      const auto pt = RandomFloats(cols * pt_stride, rng);
+      const auto v = RandomFloats(static_cast<std::size_t>(cols * v_stride), rng);
+      auto ot = RandomFloats(static_cast<std::size_t>(dims) * rows, rng);
+      if (overwrite) std::fill(ot.get(), ot.get() + dims * rows, std::numeric_limits<float>::quiet_NaN());
+      const std::vector<float> before = Copy(ot.get(), static_cast<std::size_t>(dims) * rows);
+      Accumulate<Vectors>(pt.get(), pt_stride, cols, v.get(), v_stride, dims, ot.get(), rows, overwrite);
+      for (std::int64_t d = 0; d < dims; ++d)
+        for (std::size_t r = 0; r < rows; ++r) {
+          double exact = overwrite ? 0.0 : before[d * rows + r], magnitude = std::abs(exact);
+          for (std::int64_t c = 0; c < cols; ++c) {
+            const double term = static_cast<double>(v[c * v_stride + d]) * pt[c * pt_stride + r];
+            exact += term;
+            magnitude += std::abs(term);
+          }
+          EXPECT_NEAR(ot[d * rows + r], exact, SumTolerance(cols + 1, magnitude))
+              << Vectors << " vectors, dims=" << dims << " d=" << d << (overwrite ? ", overwrite" : "");
         }
-        EXPECT_NEAR(ot[d * rows + r], exact, SumTolerance(cols + 1, magnitude))
-            << Vectors << " vectors, dims=" << dims << " d=" << d;
-      }
-  }
+    }
 }
 
 HWY_NOINLINE void TestAccumulate() {

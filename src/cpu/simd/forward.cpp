@@ -210,8 +210,10 @@ class Task {
         Accumulate(t, j0, cols, tile_cols);
       }
     }
-    for (std::int64_t g = 0; g < subtiles_; ++g)  // no visible key reached it: Oᵀ = 0
-      if (s_.sub[g].ot_fresh) ZeroOutputs(s_.sub[g]);
+    // No visible key reached it (or Ev = 0: P·V wrote nothing): Oᵀ = 0, for Finish and
+    // SaveState.
+    for (std::int64_t g = 0; g < subtiles_; ++g)
+      if (s_.sub[g].ot_fresh || p_.Ev == 0) ZeroOutputs(s_.sub[g]);
   }
 
   // Merges the split states of the current rows by their log-sum-exp (MergeSplitStates),
@@ -366,6 +368,7 @@ class Task {
     // critical path, longer than the column's exp takes. The chains depend on the column
     // only, so any blocking of the rows gives a row the same bits.
     constexpr std::int64_t kPartials = 4;
+    static_assert(kPartials == 4, "the chains' starts and final sums below are written out for 4");
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF m_old = hn::Load(df, t.m.get() + lane0);
       VF m_part[kPartials] = {m_old, m_old, m_old, m_old};
@@ -392,11 +395,11 @@ class Task {
       const VF tile_sum = hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]));
       hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, tile_sum), df, t.l.get() + lane0);
       hn::Store(m_new, df, t.m.get() + lane0);
-      // No key seen yet in any lane (m = −inf: the subtile's first tile): Oᵀ holds only
-      // +0, or NaN from a NaN or infinite value under a zero weight, so α = 0 would leave
-      // it as it is. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose
-      // max rises that far between tiles must still have its Oᵀ zeroed.)
-      // (Nothing to rescale while Oᵀ is fresh.)
+      // Nothing to rescale while Oᵀ is fresh (not written yet), nor while no lane has
+      // seen a key (m = −inf in every lane, after tiles the band hid): Oᵀ holds only +0,
+      // or NaN from a NaN or infinite value under a zero weight, and α = 0 would leave it
+      // so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose max rises
+      // that far between tiles must still have its Oᵀ zeroed.)
       if (t.ot_fresh || hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)))))
         continue;
       float* ot = t.ot.get() + lane0;

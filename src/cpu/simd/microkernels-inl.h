@@ -149,7 +149,7 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
 // key it issues V loads, D broadcasts and D·V FMAs: at V = 2, 26 instructions per 16
 // FMAs with D = 8, 38 per 24 with D = 12, and a core that issues 4 instructions and 2
 // FMAs a cycle gets closer to its FMA rate the fewer there are per FMA (bench/RESULTS.md:
-// D = 12 made P·V 8 % faster in isolation on a Cascade Lake Xeon, a whole call 2–3 %).
+// D = 12 made P·V 8 % faster in isolation on a Cascade Lake Xeon, a whole call 1–3.5 %).
 template <std::size_t Vectors = 2>
 inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v, std::int64_t v_stride,
                        std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false) {
