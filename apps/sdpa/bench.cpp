@@ -1,7 +1,7 @@
 // `sdpa bench`: the forward over the benchmark grid of issue #4, with the machine's
 // peaks measured in the same run. FLOPs as FlashAttention counts them: 4·B·Hq·L·S·E
-// (E = Ev), half of that when causal with L = S. Decode (L = 1) is memory-bound: its
-// figure is GB/s of K and V read, against a streaming-read probe. `--features` times the
+// (E = Ev), half of that when causal with L = S. Decode (L = 1) reads each K and V
+// element once: its figure is GB/s of K and V read, against a streaming-read probe. `--features` times the
 // issue #7 features against the calls they replace (same results, less work).
 #include <algorithm>
 #include <chrono>
@@ -30,7 +30,7 @@ struct Point {
   // Quantized K/V (issue #15 item 5): int8 with a float32 scale per (token, head), the
   // query in `dtype`.
   bool int8_kv = false;
-  // A few new tokens against a long cache: memory-bound, measured in GB/s. With L > 1 the
+  // A few new tokens against a long cache: measured in GB/s of K and V read. With L > 1 the
   // new tokens are causal, bottom-right aligned (each sees the cache and the tokens before it).
   bool decode() const { return L <= 16 && S >= 4096; }
   Causal alignment() const {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -76,6 +78,76 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_loop() {
 
 volatile float g_sink;  // keeps the probe loops from being optimised away
 
+// The sum of data[0, count − count mod (kStreams · step)) — the few floats past the last
+// whole step of a thread's share are not read, and not counted (stream_read) — read as
+// kStreams contiguous parts side by side, two vector accumulators each: the loads are
+// what bounds it, not the adds. (A plain reduction loop compiled, without `-march`, to one
+// scalar `addss` chain, 4 bytes per add latency: 6.0 GB/s on the Cascade Lake Xeon of
+// bench/RESULTS.md, where this reads 21.9–23.5 GB/s, so decoding read as "150 % of the
+// stream" there.)
+constexpr std::size_t kStreams = 4;
+
+// Floats in each of a share's kStreams parts: whole steps of `step` floats.
+constexpr std::size_t stream_part(std::size_t count, std::size_t step) { return count / kStreams / step * step; }
+
+__attribute__((target("avx512f"))) float stream_sum_avx512(const float* data, std::size_t count) {
+  constexpr std::size_t kStep = 32;  // two zmm per stream per step
+  const std::size_t part = stream_part(count, kStep);
+  __m512 acc[2 * kStreams];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < part; i += kStep)
+    for (std::size_t s = 0; s < kStreams; ++s) {
+      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_loadu_ps(data + s * part + i));
+      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_loadu_ps(data + s * part + i + 16));
+    }
+  float sum = 0;
+  for (const __m512& a : acc) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, a);
+    for (float lane : lanes) sum += lane;
+  }
+  return sum;
+}
+
+__attribute__((target("avx2"))) float stream_sum_avx2(const float* data, std::size_t count) {
+  constexpr std::size_t kStep = 16;  // two ymm per stream per step
+  const std::size_t part = stream_part(count, kStep);
+  __m256 acc[2 * kStreams];
+  for (__m256& a : acc) a = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < part; i += kStep)
+    for (std::size_t s = 0; s < kStreams; ++s) {
+      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_loadu_ps(data + s * part + i));
+      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_loadu_ps(data + s * part + i + 8));
+    }
+  float sum = 0;
+  for (const __m256& a : acc) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, a);
+    for (float lane : lanes) sum += lane;
+  }
+  return sum;
+}
+
+// Baseline x86-64 (SSE2), for a CPU or VM without AVX2.
+float stream_sum_sse2(const float* data, std::size_t count) {
+  constexpr std::size_t kStep = 8;  // two xmm per stream per step
+  const std::size_t part = stream_part(count, kStep);
+  __m128 acc[2 * kStreams];
+  for (__m128& a : acc) a = _mm_setzero_ps();
+  for (std::size_t i = 0; i < part; i += kStep)
+    for (std::size_t s = 0; s < kStreams; ++s) {
+      acc[2 * s] = _mm_add_ps(acc[2 * s], _mm_loadu_ps(data + s * part + i));
+      acc[2 * s + 1] = _mm_add_ps(acc[2 * s + 1], _mm_loadu_ps(data + s * part + i + 4));
+    }
+  float sum = 0;
+  for (const __m128& a : acc) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, a);
+    for (float lane : lanes) sum += lane;
+  }
+  return sum;
+}
+
 }  // namespace
 
 // Shortest time of kTrials runs of `loop` on every thread.
@@ -96,6 +168,7 @@ double best_seconds(int threads, Loop loop) {
 
 Probe fma_peak(int threads) {
   __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return {0, "vfmadd231ps (not on this CPU)"};
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const double seconds = best_seconds(threads, avx512 ? fma_loop_avx512 : fma_loop_avx2);
   const double lanes = avx512 ? 16 : 8;
@@ -110,75 +183,44 @@ Probe bf16_dot_peak(int threads) {
   return {4.0 * 16 * kChains * kIterations * threads / seconds / 1e9, "vdpbf16ps zmm (bfloat16 pairs)"};
 }
 
-// The sum of data[0, count) read as kStreams contiguous parts side by side, two vector
-// accumulators each: the loads are what bounds it, not the adds. (A plain reduction loop
-// compiled to one scalar `addss` chain, 4 bytes per add latency: 6 GB/s on a Cascade Lake
-// Xeon whose memory streams 20 GB/s, so the decode kernels read "150 % of the stream".)
-constexpr std::size_t kStreams = 4;
-
-__attribute__((target("avx512f"))) float stream_sum_avx512(const float* data, std::size_t count) {
-  constexpr std::size_t kStep = 32;  // two zmm per stream per step
-  const std::size_t part = count / kStreams / kStep * kStep;
-  __m512 acc[2 * kStreams];
-  for (__m512& a : acc) a = _mm512_setzero_ps();
-  for (std::size_t i = 0; i < part; i += kStep)
-    for (std::size_t s = 0; s < kStreams; ++s) {
-      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_loadu_ps(data + s * part + i));
-      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_loadu_ps(data + s * part + i + 16));
-    }
-  float sum = 0;
-  for (const __m512& a : acc) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, a);
-    for (float lane : lanes) sum += lane;
-  }
-  return sum;
-}
-
-__attribute__((target("avx2"))) float stream_sum_avx2(const float* data, std::size_t count) {
-  constexpr std::size_t kStep = 16;  // two ymm per stream per step
-  const std::size_t part = count / kStreams / kStep * kStep;
-  __m256 acc[2 * kStreams];
-  for (__m256& a : acc) a = _mm256_setzero_ps();
-  for (std::size_t i = 0; i < part; i += kStep)
-    for (std::size_t s = 0; s < kStreams; ++s) {
-      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_loadu_ps(data + s * part + i));
-      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_loadu_ps(data + s * part + i + 8));
-    }
-  float sum = 0;
-  for (const __m256& a : acc) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, a);
-    for (float lane : lanes) sum += lane;
-  }
-  return sum;
-}
-
 Probe stream_read(int threads) {
   __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const std::size_t count = std::size_t{1} << 27;  // 512 MiB of float32
-  std::vector<float> data(count);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i & 1023);
+  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+  const auto sum = avx512 ? stream_sum_avx512 : avx2 ? stream_sum_avx2 : stream_sum_sse2;
+  const std::size_t step = avx512 ? 32 : avx2 ? 16 : 8;  // the floats a stream reads per step
+  constexpr std::size_t kCount = std::size_t{1} << 27;   // 512 MiB of float32
+  constexpr std::size_t kLine = 16;                      // floats in a 64-byte line
+  // 64-byte aligned, and each thread's share starts on a line: no load straddles two.
+  const std::unique_ptr<float[], void (*)(float*)> data(static_cast<float*>(std::aligned_alloc(64, kCount * 4)),
+                                                        [](float* p) { std::free(p); });
+  if (!data) return {0, "streaming read (no memory for its buffer)"};
+  const auto share_begin = [&](std::size_t t, std::size_t n) { return kCount / kLine * t / n * kLine; };
+#pragma omp parallel num_threads(threads)
+  {
+    const auto t = static_cast<std::size_t>(omp_get_thread_num()), n = static_cast<std::size_t>(omp_get_num_threads());
+    for (std::size_t i = share_begin(t, n); i < share_begin(t + 1, n); ++i) data[i] = static_cast<float>(i & 1023);
+  }
   double best = 0;
   for (int repeat = 0; repeat < 3; ++repeat) {
     float total = 0;
+    std::size_t bytes = 0;
     const auto start = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
+#pragma omp parallel num_threads(threads) reduction(+ : total, bytes)
     {
-      // Each thread its contiguous share (the pages it first touched above).
+      // Each thread its contiguous share, the pages it first touched above.
       const auto t = static_cast<std::size_t>(omp_get_thread_num()),
                  n = static_cast<std::size_t>(omp_get_num_threads());
-      const std::size_t begin = count * t / n, share = count * (t + 1) / n - begin;
-      total += avx512 ? stream_sum_avx512(data.data() + begin, share) : stream_sum_avx2(data.data() + begin, share);
+      const std::size_t begin = share_begin(t, n), share = share_begin(t + 1, n) - begin;
+      total += sum(data.get() + begin, share);
+      bytes += stream_part(share, step) * kStreams * sizeof(float);
     }
     const double seconds = seconds_since(start);
     g_sink = total;
-    best = std::max(best, count * sizeof(float) / seconds / 1e9);
+    best = std::max(best, static_cast<double>(bytes) / seconds / 1e9);
   }
   return {best, avx512 ? "sum of 512 MiB float32, 4 streams a thread, zmm loads"
-                       : "sum of 512 MiB float32, 4 streams a thread, ymm loads"};
+                : avx2 ? "sum of 512 MiB float32, 4 streams a thread, ymm loads"
+                       : "sum of 512 MiB float32, 4 streams a thread, xmm loads"};
 }
 
 }  // namespace sdpa::bench
