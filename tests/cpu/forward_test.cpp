@@ -550,6 +550,22 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
   EXPECT_TRUE(a.ok()) << a.describe();
 }
 
+// A float32 decode task of few rows (group · L <= 8) reads K and V rows in place with
+// lanes along E and Ev (decode_rows-inl.h): every head dim's tail against the vector
+// width (Ev ≠ E), 1 to 8 rows, with and without causal.
+TEST(CpuForward, DecodeRowKernelsMatchOracle) {
+  int n = 900;
+  for (std::int64_t E : {1, 3, 16, 17, 40, 111, 128})
+    for (auto [heads_q, L] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {4, 1}, {2, 3}, {8, 1}, {4, 2}})
+      for (Causal causal : {Causal::none, Causal::bottom_right}) {
+        Case c;
+        c.batch = {2};
+        c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
+        c.causal = causal;
+        expect_forward_agrees(c, ++n);
+      }
+}
+
 // 64-bit offsets: key and value rows 2^30 + 16 elements apart in a sparse mapping, 12 of
 // them (read in place by the kernels), reaching past 2^33 elements. A 32-bit offset
 // would wrap and read the wrong rows.

@@ -177,7 +177,7 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
   }
 }
 
-// The int8 decode microkernels (int8_rows-inl.h) take a task of few rows (group · L <=
+// The decode microkernels (decode_rows-inl.h) take a task of few rows (group · L <=
 // kFewRows = 8): head dims with every tail against the vector width, K or V alone int8.
 TEST(QuantizedKV, DecodeKernelHeadDimTailsMatchOracle) {
   int n = 600;

@@ -20,9 +20,11 @@
 // with few queries per head needs.
 //
 // int8 K/V (quantized caches): each tile widens q to float32 (exact) and the scale
-// multiplies the score column (s^K_j) and the weight column (s^V_j). A task of at most
-// kFewRows rows (decoding) skips the tiles: simd/int8_rows-inl.h reads the int8 rows in
-// place with lanes along E and Ev.
+// multiplies the score column (s^K_j) and the weight column (s^V_j).
+//
+// Decoding: a task of at most kFewRows rows over float32 or int8 K and V rows of unit
+// column stride skips the tiles: simd/decode_rows-inl.h reads the rows in place with
+// lanes along E and Ev.
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
@@ -47,8 +49,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
+#include "cpu/simd/decode_rows-inl.h"
 #include "cpu/simd/exp2-inl.h"
-#include "cpu/simd/int8_rows-inl.h"
 #include "cpu/simd/lse_merge-inl.h"
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
@@ -77,7 +79,7 @@ struct Subtile : RowSet {
   // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
   // load of Oᵀ.
   bool ot_fresh = true;
-  hwy::AlignedFreeUniquePtr<float[]> q_rows;      // int8 decode: Q (scaled) row-major, kFewRows × E
+  hwy::AlignedFreeUniquePtr<float[]> q_rows;      // decode rows: Q (scaled) row-major, kFewRows × E
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;  // bfloat16 path: query pairs
 };
 
@@ -89,7 +91,8 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
-  std::vector<const std::int8_t*> k_rows, v_rows;       // int8 decode: the tile's rows in place
+  std::vector<const std::int8_t*> k_rows, v_rows;       // decode rows: the tile's int8 rows in place
+  std::vector<const float*> k_rows_f32, v_rows_f32;     // decode rows: the tile's float32 rows in place
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -101,7 +104,8 @@ struct Scratch {
       t.m = allocate_aligned<float>(rows);
       t.l = allocate_aligned<float>(rows);
       if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
-      if (p.key.dtype == DType::int8) t.q_rows = allocate_aligned<float>(kFewRows * p.E);
+      // Whatever this call's K: the scratch is kept for later calls with other dtypes.
+      t.q_rows = allocate_aligned<float>(kFewRows * p.E);
       t.rows.reserve(rows);
     }
     st = allocate_aligned<float>(kKeyTile * rows);
@@ -115,6 +119,8 @@ struct Scratch {
     v_scale = allocate_aligned<float>(kKeyTile);
     k_rows.resize(kKeyTile);
     v_rows.resize(kKeyTile);
+    k_rows_f32.resize(kKeyTile);
+    v_rows_f32.resize(kKeyTile);
     if (bf16_path) {
       pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
       k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
@@ -244,21 +250,25 @@ class Task {
     kvm_ = b * p_.heads_kv + head_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
-    // Decoding with int8 rows of unit column stride: the in-place kernels (int8_rows-inl.h).
+    // Decoding over float32 or int8 rows of unit column stride: the in-place kernels
+    // (decode_rows-inl.h). (bfloat16 and float16 rows keep the tiles.)
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
-    few_keys_ = few && p_.key.dtype == DType::int8 && p_.key.col_stride == 1 ? row_count : 0;
-    few_values_ = few && p_.value.dtype == DType::int8 && p_.value.col_stride == 1 ? row_count : 0;
+    const auto row_kernels = [](const Operand& op) {
+      return (op.dtype == DType::int8 || op.dtype == DType::float32) && op.col_stride == 1;
+    };
+    few_keys_ = few && row_kernels(p_.key) ? row_count : 0;
+    few_values_ = few && row_kernels(p_.value) ? row_count : 0;
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // The int8 decode kernels are bound by the latency of their row loads more than by
+  // The decode kernels are bound by the latency of their row loads more than by
   // arithmetic: the next key tile's rows [j0, j0 + kKeyTile) are requested ahead, one
-  // request per 64-byte line.
+  // request per 64-byte line (of `width` elements of op's size).
   void PrefetchRows(const Operand& op, std::int64_t j0, std::int64_t width) const {
-    const std::int64_t end = std::min(j0 + kKeyTile, p_.S);
+    const std::int64_t end = std::min(j0 + kKeyTile, p_.S), line = 64 / static_cast<std::int64_t>(op.element_size);
     for (std::int64_t j = j0; j < end; ++j)
-      for (std::int64_t e = 0; e < width; e += 64) hwy::Prefetch(op.address(kvm_, j, e));
+      for (std::int64_t e = 0; e < width; e += line) hwy::Prefetch(op.address(kvm_, j, e));
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
@@ -295,7 +305,7 @@ class Task {
       std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);  // zero padding lanes compute 0
       TransposeScaled(q_rows, E, s_.rows, E, qt, s_.rows, c);
     }
-    // The int8 decode kernels read Q row-major (int8_rows-inl.h), scaled alike.
+    // The decode kernels read Q row-major (decode_rows-inl.h), scaled alike.
     if (few_keys_ > 0)
       for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
   }
@@ -314,8 +324,13 @@ class Task {
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
-      for (std::int64_t c = 0; c < cols; ++c)
-        s_.k_rows[c] = reinterpret_cast<const std::int8_t*>(p_.key.address(kvm_, j0 + c, 0));
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::byte* row = p_.key.address(kvm_, j0 + c, 0);
+        if (p_.key.dtype == DType::int8)
+          s_.k_rows[c] = reinterpret_cast<const std::int8_t*>(row);
+        else
+          s_.k_rows_f32[c] = reinterpret_cast<const float*>(row);
+      }
       PrefetchRows(p_.key, j0 + kKeyTile, p_.E);
       return k;
     }
@@ -332,8 +347,11 @@ class Task {
     const std::int64_t padded = PaddedColumns(cols);
     float* st = s_.st.get();
     if (few_keys_ > 0) {
-      // Scaled by s^K_j in the kernel; the padding lanes get 0, as Qᵀ's zero rows give.
-      Int8Scores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, s_.k_scale.get(), st, s_.rows);
+      // (int8: scaled by s^K_j in the kernel.) The padding lanes get 0, as Qᵀ's zero rows give.
+      if (p_.key.dtype == DType::int8)
+        RowScores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, s_.k_scale.get(), st, s_.rows);
+      else
+        RowScores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows_f32.data(), cols, nullptr, st, s_.rows);
       for (std::int64_t c = 0; c < cols; ++c) std::fill(st + c * s_.rows + few_keys_, st + (c + 1) * s_.rows, 0.0f);
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
@@ -429,18 +447,26 @@ class Task {
   // keeps the float32 sum).
   void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols) {
     const bool overwrite = std::exchange(t.ot_fresh, false);
-    // The int8 decode and bfloat16 kernels only add to Oᵀ.
+    // The decode and bfloat16 kernels only add to Oᵀ.
     if (overwrite && (few_values_ > 0 || bf16_)) ZeroOutputs(t);
-    if (few_values_ > 0) {  // int8 decode: V read in place
+    if (few_values_ > 0) {  // decode rows: V read in place
       if (!values_loaded_) {
-        LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
-        for (std::int64_t c = 0; c < tile_cols; ++c)
-          s_.v_rows[c] = reinterpret_cast<const std::int8_t*>(p_.value.address(kvm_, j0 + c, 0));
+        if (p_.value_scale.present()) LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
+        for (std::int64_t c = 0; c < tile_cols; ++c) {
+          const std::byte* row = p_.value.address(kvm_, j0 + c, 0);
+          if (p_.value.dtype == DType::int8)
+            s_.v_rows[c] = reinterpret_cast<const std::int8_t*>(row);
+          else
+            s_.v_rows_f32[c] = reinterpret_cast<const float*>(row);
+        }
         PrefetchRows(p_.value, j0 + kKeyTile, p_.Ev);
         values_loaded_ = true;
       }
-      ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
-      Int8Accumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(), s_.rows);
+      if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
+      if (p_.value.dtype == DType::int8)
+        RowAccumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(), s_.rows);
+      else
+        RowAccumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows_f32.data(), cols, p_.Ev, t.ot.get(), s_.rows);
       return;
     }
     if (!values_loaded_) {
@@ -574,7 +600,7 @@ class Task {
   const std::size_t n_;
   const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
-  std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of an int8 decode task (int8_rows-inl.h), else 0
+  std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
@@ -661,7 +687,7 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
 // problem has enough of the larger tasks (192 rows) to share among threads. Decided per
 // problem, from its shape alone: the blocking groups rows into subtiles differently
 // (which rows see 0·V of a key only a neighbour sees, NaN if V is; which task is short
-// enough for the int8 decode kernels), so a varlen sequence must get the blocking it
+// enough for the decode kernels), so a varlen sequence must get the blocking it
 // gets alone.
 constexpr std::int64_t kThreeVectorMinTasks = 16;
 bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
