@@ -566,6 +566,29 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
       }
 }
 
+// float32 K and V that start 2 bytes past a float boundary (a caller's tensor may): the
+// decode row kernels read rows through float pointers, so such K and V keep the tiles,
+// which copy them; the output is the oracle's either way. (Read through a misaligned
+// float pointer, the kernels' scalar tails were undefined behaviour: UBSan's abort.)
+TEST(CpuForward, MisalignedKeysAndValuesOnTheDecodePathMatchOracle) {
+  std::mt19937_64 rng(41);
+  const std::int64_t S = 150, E = 17;
+  const Tensor q = random_tensor(DType::float32, {1, 4, 1, E}, rng),
+               k = random_tensor(DType::float32, {1, 1, S, E}, rng),
+               v = random_tensor(DType::float32, {1, 1, S, E}, rng);
+  std::vector<std::byte> k_bytes(k.nbytes() + 2), v_bytes(v.nbytes() + 2);
+  std::memcpy(k_bytes.data() + 2, k.data(), k.nbytes());
+  std::memcpy(v_bytes.data() + 2, v.data(), v.nbytes());
+  const TensorView k_view{k_bytes.data() + 2, DType::float32, {1, 1, S, E}},
+      v_view{v_bytes.data() + 2, DType::float32, {1, 1, S, E}};
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Options options;
+    options.causal = causal;
+    const Agreement a = compare_with_oracle(q.view(), k_view, v_view, options);
+    EXPECT_TRUE(a.ok()) << a.describe();
+  }
+}
+
 // 64-bit offsets: key and value rows 2^30 + 16 elements apart in a sparse mapping, 12 of
 // them (read in place by the kernels), reaching past 2^33 elements. A 32-bit offset
 // would wrap and read the wrong rows.

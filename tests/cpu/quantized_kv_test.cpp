@@ -102,7 +102,7 @@ TEST(QuantizedKV, ThreeVectorSubtilesMatchOracle) {
 }
 
 // Sequences of 962 query rows: the last task of a sequence is short enough (≤ kFewRows
-// rows) for the int8 decode kernels, which round differently from the tiles, under one
+// rows) for the decode row kernels, which round differently from the tiles, under one
 // blocking of the rows (3 vectors: 962 − 5·192 = 2 rows) and not the other (2 vectors:
 // 962 − 7·128 = 66). The blocking is decided per sequence, so each sequence gets the
 // bits it gets alone.

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -251,10 +252,13 @@ class Task {
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
     // Decoding over float32 or int8 rows of unit column stride: the in-place kernels
-    // (decode_rows-inl.h). (bfloat16 and float16 rows keep the tiles.)
+    // (decode_rows-inl.h), which read float32 rows through float pointers, so only from a
+    // float-aligned tensor (a caller's may start at any address). (bfloat16, float16 and
+    // misaligned float32 rows keep the tiles.)
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     const auto row_kernels = [](const Operand& op) {
-      return (op.dtype == DType::int8 || op.dtype == DType::float32) && op.col_stride == 1;
+      const bool aligned = reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
+      return op.col_stride == 1 && (op.dtype == DType::int8 || (op.dtype == DType::float32 && aligned));
     };
     few_keys_ = few && row_kernels(p_.key) ? row_count : 0;
     few_values_ = few && row_kernels(p_.value) ? row_count : 0;
