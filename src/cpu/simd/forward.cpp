@@ -387,8 +387,8 @@ class Task {
     const std::int64_t padded = padded_cols_, Ev = p_.Ev;
     // The max and the sum over a tile's columns run as kPartials chains, column c in chain
     // c mod kPartials: one chain would put a 4-cycle max or add per column on the
-    // critical path, longer than the column's exp takes. The chains depend on the column
-    // only, so any blocking of the rows gives a row the same bits.
+    // critical path, about as long as issuing the column's exp. The chains depend on the
+    // column only, so any blocking of the rows gives a row the same bits.
     constexpr std::int64_t kPartials = 4;
     static_assert(kPartials == 4, "the chains' starts and final sums below are written out for 4");
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
