@@ -275,6 +275,19 @@ class Task {
       for (std::int64_t e = 0; e < width; e += line) hwy::Prefetch(op.address(kvm_, j, e));
   }
 
+  // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, into the
+  // int8 or the float32 list by op's dtype.
+  void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::vector<const std::int8_t*>& int8_rows,
+                 std::vector<const float*>& float_rows) const {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::byte* row = op.address(kvm_, j0 + c, 0);
+      if (op.dtype == DType::int8)
+        int8_rows[c] = reinterpret_cast<const std::int8_t*>(row);
+      else
+        float_rows[c] = reinterpret_cast<const float*>(row);
+    }
+  }
+
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores).
   void PackQuery(Subtile& t) {
@@ -328,13 +341,7 @@ class Task {
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const std::byte* row = p_.key.address(kvm_, j0 + c, 0);
-        if (p_.key.dtype == DType::int8)
-          s_.k_rows[c] = reinterpret_cast<const std::int8_t*>(row);
-        else
-          s_.k_rows_f32[c] = reinterpret_cast<const float*>(row);
-      }
+      PointRows(p_.key, j0, cols, s_.k_rows, s_.k_rows_f32);
       PrefetchRows(p_.key, j0 + kKeyTile, p_.E);
       return k;
     }
@@ -456,13 +463,7 @@ class Task {
     if (few_values_ > 0) {  // decode rows: V read in place
       if (!values_loaded_) {
         if (p_.value_scale.present()) LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
-        for (std::int64_t c = 0; c < tile_cols; ++c) {
-          const std::byte* row = p_.value.address(kvm_, j0 + c, 0);
-          if (p_.value.dtype == DType::int8)
-            s_.v_rows[c] = reinterpret_cast<const std::int8_t*>(row);
-          else
-            s_.v_rows_f32[c] = reinterpret_cast<const float*>(row);
-        }
+        PointRows(p_.value, j0, tile_cols, s_.v_rows, s_.v_rows_f32);
         PrefetchRows(p_.value, j0 + kKeyTile, p_.Ev);
         values_loaded_ = true;
       }
