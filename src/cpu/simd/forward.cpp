@@ -319,12 +319,15 @@ class Task {
     } else {
       for (std::int64_t r = 0; r < rows; ++r)
         LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
+      if (few_keys_ > 0) {
+        // The decode kernels read Q row-major (decode_rows-inl.h), scaled alike, and
+        // nothing reads Qᵀ: no transpose.
+        for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
+        return;
+      }
       std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);  // zero padding lanes compute 0
       TransposeScaled(q_rows, E, s_.rows, E, qt, s_.rows, c);
     }
-    // The decode kernels read Q row-major (decode_rows-inl.h), scaled alike.
-    if (few_keys_ > 0)
-      for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
   }
 
   // Columns of Sᵀ that the softmax runs over for a tile of `cols` keys: the bfloat16
