@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
@@ -120,51 +121,44 @@ HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t
     }
 }
 
+// f(std::integral_constant<int, R>()) for the run-time row count R = rows, 1 <= rows <=
+// kFewRows: the kernels are compiled per row count.
+template <class F>
+HWY_INLINE void WithRowCount(std::int64_t rows, F f) {
+  static_assert(kFewRows == 8, "the cases below are written out for 8");
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    case 5:
+      return f(std::integral_constant<int, 5>());
+    case 6:
+      return f(std::integral_constant<int, 6>());
+    case 7:
+      return f(std::integral_constant<int, 7>());
+    default:
+      return f(std::integral_constant<int, 8>());
+  }
+}
+
 // The two kernels for a run-time row count 1 <= rows <= kFewRows.
 template <class T>
 inline void RowScores(std::int64_t rows, const float* q, std::int64_t E, const T* const* k_rows, std::int64_t cols,
                       const float* k_scale, float* st, std::size_t st_stride) {
-  switch (rows) {
-    case 1:
-      return RowScoresFewRows<1, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 2:
-      return RowScoresFewRows<2, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 3:
-      return RowScoresFewRows<3, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 4:
-      return RowScoresFewRows<4, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 5:
-      return RowScoresFewRows<5, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 6:
-      return RowScoresFewRows<6, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    case 7:
-      return RowScoresFewRows<7, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-    default:
-      return RowScoresFewRows<8, T>(q, E, k_rows, cols, k_scale, st, st_stride);
-  }
+  WithRowCount(rows,
+               [&](auto r) { RowScoresFewRows<decltype(r)::value, T>(q, E, k_rows, cols, k_scale, st, st_stride); });
 }
 
 template <class T>
 inline void RowAccumulate(std::int64_t rows, const float* pt, std::size_t pt_stride, const T* const* v_rows,
                           std::int64_t cols, std::int64_t Ev, float* ot, std::size_t ot_rows) {
-  switch (rows) {
-    case 1:
-      return RowAccumulateFewRows<1, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 2:
-      return RowAccumulateFewRows<2, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 3:
-      return RowAccumulateFewRows<3, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 4:
-      return RowAccumulateFewRows<4, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 5:
-      return RowAccumulateFewRows<5, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 6:
-      return RowAccumulateFewRows<6, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    case 7:
-      return RowAccumulateFewRows<7, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    default:
-      return RowAccumulateFewRows<8, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-  }
+  WithRowCount(
+      rows, [&](auto r) { RowAccumulateFewRows<decltype(r)::value, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows); });
 }
 
 }  // namespace simd
