@@ -36,6 +36,19 @@ namespace simd {
 // 16 vector registers of AVX2).
 constexpr std::int64_t kFewRows = 8;
 
+// The kernels request row c + kRowsAhead's lines while they compute with row c, so the
+// row lists they take hold kRowsAhead rows past the tile (the next tile's first rows).
+// Requests spread over the arithmetic keep the memory busy while it runs; a burst of
+// the next tile's lines at the tile's start (the previous way) left the two in turn.
+constexpr std::int64_t kRowsAhead = 8;
+
+// Requests the 64-byte line of row[e] if e starts one (e: a multiple of the lanes).
+template <class T>
+HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
+  constexpr std::int64_t kPerLine = 64 / static_cast<std::int64_t>(sizeof(T));
+  if (static_cast<std::int64_t>(hn::Lanes(DF())) >= kPerLine || e % kPerLine == 0) hwy::Prefetch(row + e);
+}
+
 // N values of a K or V row at p as float32 lanes (int8: widened, exactly).
 HWY_INLINE VF WidenRow(const std::int8_t* HWY_RESTRICT p) {
   const DF df;
@@ -45,6 +58,49 @@ HWY_INLINE VF WidenRow(const std::int8_t* HWY_RESTRICT p) {
 }
 HWY_INLINE VF WidenRow(const float* HWY_RESTRICT p) { return hn::LoadU(DF(), p); }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+// The sums of four vectors' lanes, four sums in each 128-bit block: block b holds
+// [Σ a, Σ b, Σ c, Σ d] over that block's lanes. 9 instructions for 4 vectors, where a
+// horizontal sum each costs ~8 (and a dependent chain): the reduction was ~40 % of the
+// scores kernel's time on the Cascade Lake Xeon of bench/RESULTS.md.
+HWY_INLINE VF BlockSums4(VF a, VF b, VF c, VF d) {
+  const DF df;
+  const hn::Repartition<std::uint64_t, DF> d64;
+  const VF ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));  // a02 b02 a13 b13
+  const VF cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));  // c02 d02 c13 d13
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  return hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, ab64, cd64)),
+                 hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64)));
+}
+
+// The four sums of BlockSums4 over all blocks, into sums[0..4).
+template <class D>
+HWY_INLINE void StoreBlockTotals(D d, hn::Vec<D> v, float* HWY_RESTRICT sums) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    hn::StoreU(v, d, sums);
+  } else {
+    const hn::Half<D> dh;
+    StoreBlockTotals(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), sums);
+  }
+}
+
+// sums[i] = Σ lanes of acc[i], i < M: four vectors at a time (sums has M rounded up to 4).
+template <int M>
+HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
+  const DF df;
+  for (int i = 0; i < M; i += 4) {
+    const auto at = [&](int j) { return i + j < M ? acc[i + j] : hn::Zero(df); };
+    StoreBlockTotals(df, BlockSums4(at(0), at(1), at(2), at(3)), sums + i);
+  }
+}
+#else
+template <int M>
+HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
+  const DF df;
+  for (int i = 0; i < M; ++i) sums[i] = hn::GetLane(hn::SumOfLanes(df, acc[i]));
+}
+#endif
+
 // Keys [c, c + Keys) against R query rows q (row-major, R × E): the scores (times the
 // keys' scales, if k_scale) into st[(c + k)·st_stride + r].
 template <int R, int Keys, class T>
@@ -53,66 +109,111 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t whole = E / N * N;
-  VF acc[Keys][R];
-  for (int k = 0; k < Keys; ++k)
-    for (int r = 0; r < R; ++r) acc[k][r] = hn::Zero(df);
+  constexpr int M = Keys * R;
+  VF acc[M];  // acc[k·R + r]
+  for (int i = 0; i < M; ++i) acc[i] = hn::Zero(df);
   for (std::int64_t e = 0; e < whole; e += N) {
     VF x[Keys];
-    for (int k = 0; k < Keys; ++k) x[k] = WidenRow(k_rows[c + k] + e);
+    for (int k = 0; k < Keys; ++k) {
+      x[k] = WidenRow(k_rows[c + k] + e);
+      PrefetchLine(k_rows[c + k + kRowsAhead], e);
+    }
     for (int r = 0; r < R; ++r) {
       const VF qv = hn::LoadU(df, q + r * E + e);
-      for (int k = 0; k < Keys; ++k) acc[k][r] = hn::MulAdd(qv, x[k], acc[k][r]);
+      for (int k = 0; k < Keys; ++k) acc[k * R + r] = hn::MulAdd(qv, x[k], acc[k * R + r]);
     }
   }
+  HWY_ALIGN float sums[(M + 3) / 4 * 4];
+  SumsOfLanes<M>(acc, sums);
   for (int k = 0; k < Keys; ++k)
     for (int r = 0; r < R; ++r) {
-      float sum = hn::GetLane(hn::SumOfLanes(df, acc[k][r]));
+      float sum = sums[k * R + r];
       for (std::int64_t e = whole; e < E; ++e) sum += q[r * E + e] * static_cast<float>(k_rows[c + k][e]);
       st[(c + k) * static_cast<std::int64_t>(st_stride) + r] = k_scale != nullptr ? sum * k_scale[c + k] : sum;
     }
 }
 
+// Keys scored together by RowScoresFewRows: as many as keep R · Keys accumulators (and
+// the Keys rows) within the vector registers (32 on AVX-512, 16 below).
+template <int R>
+constexpr int ScoreKeys() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return R <= 2 ? 8 : R <= 4 ? 4 : 2;
+#else
+  return R <= 4 ? 2 : 1;
+#endif
+}
+
 // Sᵀ of keys [0, cols) (k_rows[c]: key c's row, unit stride; k_scale[c] its scale, or
-// k_scale null) for R rows: two keys at a time while their accumulators fit the registers.
+// k_scale null) for R rows: ScoreKeys<R>() keys at a time.
 template <int R, class T>
 HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const T* const* k_rows, std::int64_t cols,
                                    const float* k_scale, float* st, std::size_t st_stride) {
-  constexpr int kPair = R <= 4 ? 2 : 1;
+  constexpr int kKeys = ScoreKeys<R>();
   std::int64_t c = 0;
-  for (; c + kPair <= cols; c += kPair) RowScoreKeys<R, kPair, T>(q, E, k_rows, c, k_scale, st, st_stride);
+  for (; c + kKeys <= cols; c += kKeys) RowScoreKeys<R, kKeys, T>(q, E, k_rows, c, k_scale, st, st_stride);
   for (; c < cols; ++c) RowScoreKeys<R, 1, T>(q, E, k_rows, c, k_scale, st, st_stride);
 }
 
-// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows (v_rows[c]: value c's
-// row, unit stride). The accumulators hold R rows × V vectors of dims over all the
-// keys, then add into Oᵀ once per tile.
+// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
+// [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
+// V vectors of dims over all the keys, then add into Oᵀ once per tile.
+template <int R, int V, class T>
+HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const T* const* v_rows,
+                                  std::int64_t cols, std::int64_t d0, float* HWY_RESTRICT ot, std::int64_t stride) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  VF acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(df);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    VF x[V];
+    for (int v = 0; v < V; ++v) {
+      x[v] = WidenRow(v_rows[c] + d0 + v * N);
+      PrefetchLine(v_rows[c + kRowsAhead], d0 + v * N);
+    }
+    for (int r = 0; r < R; ++r) {
+      const VF p = hn::Set(df, pt[c * ps + r]);
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(p, x[v], acc[r][v]);
+    }
+  }
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      hn::Store(acc[r][v], df, lanes);
+      for (std::int64_t i = 0; i < N; ++i) ot[(d0 + v * N + i) * stride + r] += lanes[i];
+    }
+}
+
+// Vectors of dims RowAccumulateFewRows takes per pass over the keys at most: as many as
+// keep R · V accumulators (and the V row vectors) within the vector registers.
+template <int R>
+constexpr int AccumulateVectors() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return R <= 2 ? 8 : R <= 4 ? 4 : 2;
+#else
+  return R <= 4 ? 2 : 1;
+#endif
+}
+
+// The dims [d, Ev) past whole vectors of blocks of V vectors, then V/2, …, 1 (fewer
+// passes over the keys than single vectors where Ev is not a multiple of V vectors).
+template <int R, int V, class T>
+HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const T* const* v_rows,
+                                    std::int64_t cols, std::int64_t Ev, std::int64_t& d, float* HWY_RESTRICT ot,
+                                    std::int64_t stride) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  for (; d + V * N <= Ev; d += V * N) RowAccumulateDims<R, V, T>(pt, ps, v_rows, cols, d, ot, stride);
+  if constexpr (V > 1) RowAccumulateBlocks<R, V / 2, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
+}
+
+// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
 template <int R, class T>
 HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride, const T* const* v_rows,
                                        std::int64_t cols, std::int64_t Ev, float* HWY_RESTRICT ot, std::size_t rows) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  constexpr int V = R <= 4 ? 2 : 1;
   const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
-  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
   std::int64_t d = 0;
-  for (; d + V * N <= Ev; d += V * N) {
-    VF acc[R][V];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(df);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      VF x[V];
-      for (int v = 0; v < V; ++v) x[v] = WidenRow(v_rows[c] + d + v * N);
-      for (int r = 0; r < R; ++r) {
-        const VF p = hn::Set(df, pt[c * ps + r]);
-        for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(p, x[v], acc[r][v]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < V; ++v) {
-        hn::Store(acc[r][v], df, lanes);
-        for (std::int64_t i = 0; i < N; ++i) ot[(d + v * N + i) * stride + r] += lanes[i];
-      }
-  }
+  RowAccumulateBlocks<R, AccumulateVectors<R>(), T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
   for (; d < Ev; ++d)  // the dims past whole vectors
     for (int r = 0; r < R; ++r) {
       float sum = 0.0f;

@@ -118,10 +118,10 @@ struct Scratch {
     row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
     k_scale = allocate_aligned<float>(kKeyTile);
     v_scale = allocate_aligned<float>(kKeyTile);
-    k_rows.resize(kKeyTile);
-    v_rows.resize(kKeyTile);
-    k_rows_f32.resize(kKeyTile);
-    v_rows_f32.resize(kKeyTile);
+    k_rows.resize(kKeyTile + kRowsAhead);
+    v_rows.resize(kKeyTile + kRowsAhead);
+    k_rows_f32.resize(kKeyTile + kRowsAhead);
+    v_rows_f32.resize(kKeyTile + kRowsAhead);
     if (bf16_path) {
       pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
       k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
@@ -206,7 +206,7 @@ class Task {
     const std::int64_t end = std::min(key_end, key_limit);
     for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
-      const KeyRows k = LoadKeys(j0, tile_cols);
+      const KeyRows k = LoadKeys(j0, tile_cols, end);
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -214,7 +214,7 @@ class Task {
         if (cols <= 0 || j0 + cols <= t.key_start) continue;
         if (!Scores(t, j0, cols, k)) continue;  // every score of the tile masked
         UpdateSoftmax(t, j0, cols);
-        Accumulate(t, j0, cols, tile_cols);
+        Accumulate(t, j0, cols, tile_cols, end);
       }
     }
     // No visible key reached it (or Ev = 0: P·V wrote nothing): Oᵀ = 0, for Finish and
@@ -266,21 +266,13 @@ class Task {
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // The decode kernels are bound by the latency of their row loads more than by
-  // arithmetic: the next key tile's rows [j0, j0 + kKeyTile) are requested ahead, one
-  // request per 64-byte line (of `width` elements of op's size).
-  void PrefetchRows(const Operand& op, std::int64_t j0, std::int64_t width) const {
-    const std::int64_t end = std::min(j0 + kKeyTile, p_.S), line = 64 / static_cast<std::int64_t>(op.element_size);
-    for (std::int64_t j = j0; j < end; ++j)
-      for (std::int64_t e = 0; e < width; e += line) hwy::Prefetch(op.address(kvm_, j, e));
-  }
-
   // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, into the
-  // int8 or the float32 list by op's dtype.
-  void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::vector<const std::int8_t*>& int8_rows,
-                 std::vector<const float*>& float_rows) const {
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const std::byte* row = op.address(kvm_, j0 + c, 0);
+  // int8 or the float32 list by op's dtype, and kRowsAhead more for the kernels'
+  // prefetches: the next rows, or (past this task's keys, which end at `end`) its last.
+  void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
+                 std::vector<const std::int8_t*>& int8_rows, std::vector<const float*>& float_rows) const {
+    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) {
+      const std::byte* row = op.address(kvm_, std::min(j0 + c, end - 1), 0);
       if (op.dtype == DType::int8)
         int8_rows[c] = reinterpret_cast<const std::int8_t*>(row);
       else
@@ -338,14 +330,14 @@ class Task {
 
   // K rows [j0, j0+cols) (an int8 K widened to float32 q, exactly, and its scales loaded
   // for Scores). bfloat16 rows are padded to whole key blocks; float32 rows are not
-  // (ScoreTile reads none past cols), so a contiguous float32 K is read in place.
-  KeyRows LoadKeys(std::int64_t j0, std::int64_t cols) {
+  // (ScoreTile reads none past cols), so a contiguous float32 K is read in place. Keys
+  // [j0, end) are this task's (PointRows points ahead within them).
+  KeyRows LoadKeys(std::int64_t j0, std::int64_t cols, std::int64_t end) {
     const std::int64_t padded = bf16_ ? PaddedColumns(cols) : cols;
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
-      PointRows(p_.key, j0, cols, s_.k_rows, s_.k_rows_f32);
-      PrefetchRows(p_.key, j0 + kKeyTile, p_.E);
+      PointRows(p_.key, j0, cols, end, s_.k_rows, s_.k_rows_f32);
       return k;
     }
     if (bf16_)
@@ -458,16 +450,15 @@ class Task {
   // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols) of the key tile [j0, j0+tile_cols), whose V
   // rows are loaded (and, for bfloat16, packed in pairs) once for all subtiles.
   // bfloat16: P rounded to bfloat16 (as FlashAttention does for its P·V product; l
-  // keeps the float32 sum).
-  void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols) {
+  // keeps the float32 sum). Keys [j0, end) are this task's.
+  void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols, std::int64_t end) {
     const bool overwrite = std::exchange(t.ot_fresh, false);
     // The decode and bfloat16 kernels only add to Oᵀ.
     if (overwrite && (few_values_ > 0 || bf16_)) ZeroOutputs(t);
     if (few_values_ > 0) {  // decode rows: V read in place
       if (!values_loaded_) {
         if (p_.value_scale.present()) LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
-        PointRows(p_.value, j0, tile_cols, s_.v_rows, s_.v_rows_f32);
-        PrefetchRows(p_.value, j0 + kKeyTile, p_.Ev);
+        PointRows(p_.value, j0, tile_cols, end, s_.v_rows, s_.v_rows_f32);
         values_loaded_ = true;
       }
       if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
@@ -579,7 +570,7 @@ class Task {
       const std::int64_t cols = std::min(kKeyTile, p_.S - j0);
       const std::int64_t visible = j0 + cols <= t.key_start ? 0 : std::clamp<std::int64_t>(t.key_limit - j0, 0, cols);
       if (visible > 0) {
-        Scores(t, j0, visible, LoadKeys(j0, visible));
+        Scores(t, j0, visible, LoadKeys(j0, visible, j0 + visible));
         for (std::int64_t c = visible; c < cols; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
         for (std::size_t v = 0; v < kVectors; ++v) {
           const std::size_t lane0 = v * n_;
