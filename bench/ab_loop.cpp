@@ -3,11 +3,13 @@
 // forward's fixed work"). With one thread the time is the calling thread's CPU time
 // (the host's preemption does not count), with more the wall time.
 //
-//   sdpa_ab_loop B Hq Hkv L S E causal calls [threads] [backward]
+//   sdpa_ab_loop B Hq Hkv L S E causal calls [threads] [backward] [dtype]
 //
-// float32, packed, Ev = E; causal is bottom-right. Prints GFLOP/s (FlashAttention's
+// dtype: float32 (the default), bfloat16, float16, or int8-kv (bfloat16 Q, K and V int8
+// with a scale per row, quantize_kv); packed, Ev = E; causal is bottom-right. Prints GFLOP/s (FlashAttention's
 // count: 4·B·Hq·L·S·E, half when causal — exact only for L = S — and ×2.5 for the
-// backward) or, for a forward with L = 1, GB/s of K and V; and the best call's time.
+// backward) or, for a forward with L = 1, GB/s of K and V (and their scales); and the
+// best call's time.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -31,9 +33,9 @@ double seconds(bool cpu_time) {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-sdpa::Tensor random_tensor(std::vector<std::int64_t> shape, std::mt19937_64& rng) {
+sdpa::Tensor random_tensor(sdpa::DType dtype, std::vector<std::int64_t> shape, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> uniform(-0.5, 0.5);
-  sdpa::Tensor t(sdpa::DType::float32, std::move(shape));
+  sdpa::Tensor t(dtype, std::move(shape));
   for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, uniform(rng));
   return t;
 }
@@ -52,8 +54,8 @@ std::int64_t parse(const char* text, const char* name, std::int64_t low, std::in
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 9 || argc > 11) {
-    std::fprintf(stderr, "usage: %s B Hq Hkv L S E causal calls [threads=1] [backward=0]\n", argv[0]);
+  if (argc < 9 || argc > 12) {
+    std::fprintf(stderr, "usage: %s B Hq Hkv L S E causal calls [threads=1] [backward=0] [dtype=float32]\n", argv[0]);
     return 2;
   }
   try {
@@ -65,13 +67,33 @@ int main(int argc, char** argv) {
     const std::int64_t calls = parse(argv[8], "calls", 1, kMax);
     const int threads = argc > 9 ? static_cast<int>(parse(argv[9], "threads", 0, 4096)) : 1;
     const bool backward = argc > 10 && parse(argv[10], "backward", 0, 1) != 0;
+    const std::string_view kind = argc > 11 ? argv[11] : "float32";
+    const bool int8_kv = kind == "int8-kv";
+    sdpa::DType dtype = sdpa::DType::bfloat16;
+    if (kind == "float32")
+      dtype = sdpa::DType::float32;
+    else if (kind == "float16")
+      dtype = sdpa::DType::float16;
+    else if (kind != "bfloat16" && !int8_kv)
+      throw std::invalid_argument("dtype: expected float32, bfloat16, float16 or int8-kv, got '" + std::string(kind) +
+                                  "'");
+    if (int8_kv && backward) throw std::invalid_argument("dtype: int8-kv has no backward");
     std::mt19937_64 rng(1);
-    const sdpa::Tensor q = random_tensor({B, Hq, L, E}, rng), k = random_tensor({B, Hkv, S, E}, rng),
-                       v = random_tensor({B, Hkv, S, E}, rng), grad_output = random_tensor({B, Hq, L, E}, rng);
-    sdpa::Tensor out(sdpa::DType::float32, {B, Hq, L, E}), lse(sdpa::DType::float32, {B, Hq, L}),
-        dq(sdpa::DType::float32, {B, Hq, L, E}), dk(sdpa::DType::float32, {B, Hkv, S, E}),
-        dv(sdpa::DType::float32, {B, Hkv, S, E});
+    const sdpa::Tensor q = random_tensor(dtype, {B, Hq, L, E}, rng),
+                       grad_output = random_tensor(dtype, {B, Hq, L, E}, rng);
+    sdpa::Tensor k = random_tensor(dtype, {B, Hkv, S, E}, rng), v = random_tensor(dtype, {B, Hkv, S, E}, rng);
+    sdpa::Tensor out(dtype, {B, Hq, L, E}), lse(sdpa::DType::float32, {B, Hq, L}), dq(dtype, {B, Hq, L, E}),
+        dk(dtype, {B, Hkv, S, E}), dv(dtype, {B, Hkv, S, E});
     sdpa::Options options;
+    sdpa::QuantizedKV k8, v8;
+    if (int8_kv) {
+      k8 = sdpa::quantize_kv(k.view());
+      v8 = sdpa::quantize_kv(v.view());
+      k = std::move(k8.values);
+      v = std::move(v8.values);
+      options.key_scale = k8.scale.view();
+      options.value_scale = v8.scale.view();
+    }
     options.num_threads = threads;
     if (causal) options.causal = sdpa::Causal::bottom_right;
     sdpa::forward(q.view(), k.view(), v.view(), {out.view(), {}, lse.view()}, options);
@@ -87,9 +109,10 @@ int main(int argc, char** argv) {
       best = std::min(best, seconds(cpu_time) - start);
     }
     const auto d = [](std::int64_t x) { return static_cast<double>(x); };
-    if (L == 1 && !backward)
-      std::printf("%.2f GB/s  best %.3f ms\n", 8.0 * d(B) * d(Hkv) * d(S) * d(E) / best * 1e-9, best * 1e3);
-    else
+    if (L == 1 && !backward) {
+      const double row_bytes = int8_kv ? d(E) + 4.0 : d(E) * (dtype == sdpa::DType::float32 ? 4.0 : 2.0);
+      std::printf("%.2f GB/s  best %.3f ms\n", 2.0 * d(B) * d(Hkv) * d(S) * row_bytes / best * 1e-9, best * 1e3);
+    } else
       std::printf("%.1f GFLOP/s  best %.3f ms\n",
                   4.0 * d(B) * d(Hq) * d(L) * d(S) * d(E) * (causal ? 0.5 : 1.0) * (backward ? 2.5 : 1.0) / best * 1e-9,
                   best * 1e3);

@@ -550,42 +550,50 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
   EXPECT_TRUE(a.ok()) << a.describe();
 }
 
-// A float32 decode task of few rows (group · L <= 8) reads K and V rows in place with
-// lanes along E and Ev (decode_rows-inl.h): every head dim's tail against the vector
-// width (Ev ≠ E), 1 to 8 rows, with and without causal.
+// A decode task of few rows (group · L <= 8) reads K and V rows in place with lanes
+// along E and Ev, widening bfloat16 and float16 rows in registers (decode_rows-inl.h):
+// every head dim's tail against the vector width (Ev ≠ E), 1 to 8 rows, with and
+// without causal. S = 150 ends mid-tile, where the kernels' requests for the rows ahead
+// stop at the last key.
 TEST(CpuForward, DecodeRowKernelsMatchOracle) {
   int n = 900;
-  for (std::int64_t E : {1, 3, 16, 17, 40, 111, 128})
-    for (auto [heads_q, L] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {4, 1}, {2, 3}, {8, 1}, {4, 2}})
-      for (Causal causal : {Causal::none, Causal::bottom_right}) {
-        Case c;
-        c.batch = {2};
-        c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
-        c.causal = causal;
-        expect_forward_agrees(c, ++n);
-      }
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+    for (std::int64_t E : {1, 3, 16, 17, 40, 111, 128})
+      for (auto [heads_q, L] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {4, 1}, {2, 3}, {8, 1}, {4, 2}})
+        for (Causal causal : {Causal::none, Causal::bottom_right}) {
+          Case c;
+          c.dtype = dtype;
+          c.batch = {2};
+          c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
+          c.causal = causal;
+          expect_forward_agrees(c, ++n);
+        }
 }
 
-// float32 K and V that start 2 bytes past a float boundary (a caller's tensor may): the
-// decode row kernels read rows through float pointers, so such K and V keep the tiles,
-// which copy them; the output is the oracle's either way. (Read through a misaligned
-// float pointer, the kernels' scalar tails were undefined behaviour: UBSan's abort.)
+// K and V that start off their element type's alignment (a caller's tensor may: float32
+// 2 bytes past a float boundary, bfloat16 and float16 1 byte past a 2-byte one): the
+// decode row kernels read rows through pointers of the element type, so such K and V
+// keep the tiles, which copy them; the output is the oracle's either way. (Read through a
+// misaligned float pointer, the kernels' scalar tails were undefined behaviour: UBSan's
+// abort.)
 TEST(CpuForward, MisalignedKeysAndValuesOnTheDecodePathMatchOracle) {
   std::mt19937_64 rng(41);
   const std::int64_t S = 150, E = 17;
-  const Tensor q = random_tensor(DType::float32, {1, 4, 1, E}, rng),
-               k = random_tensor(DType::float32, {1, 1, S, E}, rng),
-               v = random_tensor(DType::float32, {1, 1, S, E}, rng);
-  std::vector<std::byte> k_bytes(k.nbytes() + 2), v_bytes(v.nbytes() + 2);
-  std::memcpy(k_bytes.data() + 2, k.data(), k.nbytes());
-  std::memcpy(v_bytes.data() + 2, v.data(), v.nbytes());
-  const TensorView k_view{k_bytes.data() + 2, DType::float32, {1, 1, S, E}},
-      v_view{v_bytes.data() + 2, DType::float32, {1, 1, S, E}};
-  for (Causal causal : {Causal::none, Causal::bottom_right}) {
-    Options options;
-    options.causal = causal;
-    const Agreement a = compare_with_oracle(q.view(), k_view, v_view, options);
-    EXPECT_TRUE(a.ok()) << a.describe();
+  for (auto [dtype, offset] :
+       {std::pair<DType, std::size_t>{DType::float32, 2}, {DType::bfloat16, 1}, {DType::float16, 1}}) {
+    const Tensor q = random_tensor(dtype, {1, 4, 1, E}, rng), k = random_tensor(dtype, {1, 1, S, E}, rng),
+                 v = random_tensor(dtype, {1, 1, S, E}, rng);
+    std::vector<std::byte> k_bytes(k.nbytes() + offset), v_bytes(v.nbytes() + offset);
+    std::memcpy(k_bytes.data() + offset, k.data(), k.nbytes());
+    std::memcpy(v_bytes.data() + offset, v.data(), v.nbytes());
+    const TensorView k_view{k_bytes.data() + offset, dtype, {1, 1, S, E}},
+        v_view{v_bytes.data() + offset, dtype, {1, 1, S, E}};
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      Options options;
+      options.causal = causal;
+      const Agreement a = compare_with_oracle(q.view(), k_view, v_view, options);
+      EXPECT_TRUE(a.ok()) << dtype_name(dtype) << ": " << a.describe();
+    }
   }
 }
 

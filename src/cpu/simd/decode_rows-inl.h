@@ -1,10 +1,11 @@
 // The decode microkernels for a task of few query rows (decoding: Hq/Hkv · L <=
-// kFewRows) over float32 or int8 K and V rows of unit column stride (int8: with
-// Options::key_scale, value_scale). The forward's usual tiles put query rows along the
+// kFewRows) over K and V rows of unit column stride: float32, bfloat16, float16, or int8
+// (with Options::key_scale, value_scale). The forward's usual tiles put query rows along the
 // lanes (one vector: 16 lanes on AVX-512), which for 4 rows wastes 3/4 of every FMA and
 // costs a broadcast and an FMA per K or V element; here the lanes run along E (scores)
 // or Ev (values) instead, so each element costs R/N FMAs (R rows, N lanes), and the rows
-// are read (int8: widened in registers) straight from the cache, never into a tile:
+// are read (widened to float32 in registers, exactly) straight from the cache, never
+// into a tile:
 //   st[c][r] = s^K_c · Σ_e q[r][e] · k_c[e]          (q pre-scaled by scale · log2(e); no s^K for float32)
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
 // Results stay in the transposed (Sᵀ, Oᵀ) layout the rest of the forward uses. float32
@@ -21,8 +22,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
+#include "common/half.h"
+#include "common/problem.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/microkernels-inl.h"
@@ -49,14 +53,56 @@ HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
   if (static_cast<std::int64_t>(hn::Lanes(DF())) >= kPerLine || e % kPerLine == 0) hwy::Prefetch(row + e);
 }
 
-// N values of a K or V row at p as float32 lanes (int8: widened, exactly).
+// N values of a K or V row at p as float32 lanes, widened exactly.
+HWY_INLINE VF WidenRow(const float* HWY_RESTRICT p) { return hn::LoadU(DF(), p); }
 HWY_INLINE VF WidenRow(const std::int8_t* HWY_RESTRICT p) {
   const DF df;
   const hn::Rebind<std::int32_t, DF> di;
   const hn::Rebind<std::int8_t, DF> d8;
   return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
 }
-HWY_INLINE VF WidenRow(const float* HWY_RESTRICT p) { return hn::LoadU(DF(), p); }
+HWY_INLINE VF WidenRow(const hwy::bfloat16_t* HWY_RESTRICT p) {
+  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
+}
+HWY_INLINE VF WidenRow(const hwy::float16_t* HWY_RESTRICT p) {
+  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+}
+
+// One value of a row (the dims past whole vectors).
+HWY_INLINE float ToFloat(float x) { return x; }
+HWY_INLINE float ToFloat(std::int8_t x) { return static_cast<float>(x); }
+HWY_INLINE float ToFloat(hwy::bfloat16_t x) {
+  std::uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return bf16_to_float(bits);
+}
+HWY_INLINE float ToFloat(hwy::float16_t x) {
+  std::uint16_t bits;
+  std::memcpy(&bits, &x, 2);
+  return fp16_to_float(bits);
+}
+
+// The kernels take a tile's rows as untyped pointers (one list whatever the dtype);
+// RowAt<T> reads one as a row of T.
+template <class T>
+HWY_INLINE const T* RowAt(const std::byte* const* rows, std::int64_t c) {
+  return reinterpret_cast<const T*>(rows[c]);
+}
+
+// f(T()) for the element type T of dtype: the dtypes the row kernels read.
+template <class F>
+HWY_INLINE void WithRowType(DType dtype, F f) {
+  switch (dtype) {
+    case DType::int8:
+      return f(std::int8_t());
+    case DType::bfloat16:
+      return f(hwy::bfloat16_t());
+    case DType::float16:
+      return f(hwy::float16_t());
+    default:
+      return f(float());
+  }
+}
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
 // The sums of four vectors' lanes, four sums in each 128-bit block: block b holds
@@ -104,8 +150,8 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
 // Keys [c, c + Keys) against R query rows q (row-major, R × E): the scores (times the
 // keys' scales, if k_scale) into st[(c + k)·st_stride + r].
 template <int R, int Keys, class T>
-HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const T* const* k_rows, std::int64_t c,
-                             const float* k_scale, float* HWY_RESTRICT st, std::size_t st_stride) {
+HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const std::byte* const* k_rows,
+                             std::int64_t c, const float* k_scale, float* HWY_RESTRICT st, std::size_t st_stride) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t whole = E / N * N;
@@ -115,8 +161,8 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   for (std::int64_t e = 0; e < whole; e += N) {
     VF x[Keys];
     for (int k = 0; k < Keys; ++k) {
-      x[k] = WidenRow(k_rows[c + k] + e);
-      PrefetchLine(k_rows[c + k + kRowsAhead], e);
+      x[k] = WidenRow(RowAt<T>(k_rows, c + k) + e);
+      PrefetchLine(RowAt<T>(k_rows, c + k + kRowsAhead), e);
     }
     for (int r = 0; r < R; ++r) {
       const VF qv = hn::LoadU(df, q + r * E + e);
@@ -128,7 +174,7 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   for (int k = 0; k < Keys; ++k)
     for (int r = 0; r < R; ++r) {
       float sum = sums[k * R + r];
-      for (std::int64_t e = whole; e < E; ++e) sum += q[r * E + e] * static_cast<float>(k_rows[c + k][e]);
+      for (std::int64_t e = whole; e < E; ++e) sum += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k)[e]);
       st[(c + k) * static_cast<std::int64_t>(st_stride) + r] = k_scale != nullptr ? sum * k_scale[c + k] : sum;
     }
 }
@@ -147,7 +193,7 @@ constexpr int ScoreKeys() {
 // Sᵀ of keys [0, cols) (k_rows[c]: key c's row, unit stride; k_scale[c] its scale, or
 // k_scale null) for R rows: ScoreKeys<R>() keys at a time.
 template <int R, class T>
-HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const T* const* k_rows, std::int64_t cols,
+HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const std::byte* const* k_rows, std::int64_t cols,
                                    const float* k_scale, float* st, std::size_t st_stride) {
   constexpr int kKeys = ScoreKeys<R>();
   std::int64_t c = 0;
@@ -159,7 +205,7 @@ HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const T* cons
 // [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
 // V vectors of dims over all the keys, then add into Oᵀ once per tile.
 template <int R, int V, class T>
-HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const T* const* v_rows,
+HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                   std::int64_t cols, std::int64_t d0, float* HWY_RESTRICT ot, std::int64_t stride) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
@@ -169,8 +215,8 @@ HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps,
   for (std::int64_t c = 0; c < cols; ++c) {
     VF x[V];
     for (int v = 0; v < V; ++v) {
-      x[v] = WidenRow(v_rows[c] + d0 + v * N);
-      PrefetchLine(v_rows[c + kRowsAhead], d0 + v * N);
+      x[v] = WidenRow(RowAt<T>(v_rows, c) + d0 + v * N);
+      PrefetchLine(RowAt<T>(v_rows, c + kRowsAhead), d0 + v * N);
     }
     for (int r = 0; r < R; ++r) {
       const VF p = hn::Set(df, pt[c * ps + r]);
@@ -199,7 +245,7 @@ constexpr int AccumulateVectors() {
 // The dims [d, Ev) past whole vectors of blocks of V vectors, then V/2, …, 1 (fewer
 // passes over the keys than single vectors where Ev is not a multiple of V vectors).
 template <int R, int V, class T>
-HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const T* const* v_rows,
+HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                     std::int64_t cols, std::int64_t Ev, std::int64_t& d, float* HWY_RESTRICT ot,
                                     std::int64_t stride) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
@@ -209,15 +255,16 @@ HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t p
 
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
 template <int R, class T>
-HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride, const T* const* v_rows,
-                                       std::int64_t cols, std::int64_t Ev, float* HWY_RESTRICT ot, std::size_t rows) {
+HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride,
+                                       const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev,
+                                       float* HWY_RESTRICT ot, std::size_t rows) {
   const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
   std::int64_t d = 0;
   RowAccumulateBlocks<R, AccumulateVectors<R>(), T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
   for (; d < Ev; ++d)  // the dims past whole vectors
     for (int r = 0; r < R; ++r) {
       float sum = 0.0f;
-      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * static_cast<float>(v_rows[c][d]);
+      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c)[d]);
       ot[d * stride + r] += sum;
     }
 }
@@ -247,19 +294,26 @@ HWY_INLINE void WithRowCount(std::int64_t rows, F f) {
   }
 }
 
-// The two kernels for a run-time row count 1 <= rows <= kFewRows.
-template <class T>
-inline void RowScores(std::int64_t rows, const float* q, std::int64_t E, const T* const* k_rows, std::int64_t cols,
-                      const float* k_scale, float* st, std::size_t st_stride) {
-  WithRowCount(rows,
-               [&](auto r) { RowScoresFewRows<decltype(r)::value, T>(q, E, k_rows, cols, k_scale, st, st_stride); });
+// The two kernels for K or V rows of `dtype` (float32, bfloat16, float16 or int8) and a
+// run-time row count 1 <= rows <= kFewRows.
+inline void RowScores(DType dtype, std::int64_t rows, const float* q, std::int64_t E, const std::byte* const* k_rows,
+                      std::int64_t cols, const float* k_scale, float* st, std::size_t st_stride) {
+  WithRowType(dtype, [&](auto type) {
+    using T = decltype(type);
+    WithRowCount(rows,
+                 [&](auto r) { RowScoresFewRows<decltype(r)::value, T>(q, E, k_rows, cols, k_scale, st, st_stride); });
+  });
 }
 
-template <class T>
-inline void RowAccumulate(std::int64_t rows, const float* pt, std::size_t pt_stride, const T* const* v_rows,
-                          std::int64_t cols, std::int64_t Ev, float* ot, std::size_t ot_rows) {
-  WithRowCount(
-      rows, [&](auto r) { RowAccumulateFewRows<decltype(r)::value, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows); });
+inline void RowAccumulate(DType dtype, std::int64_t rows, const float* pt, std::size_t pt_stride,
+                          const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev, float* ot,
+                          std::size_t ot_rows) {
+  WithRowType(dtype, [&](auto type) {
+    using T = decltype(type);
+    WithRowCount(rows, [&](auto r) {
+      RowAccumulateFewRows<decltype(r)::value, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
+    });
+  });
 }
 
 }  // namespace simd

@@ -92,8 +92,7 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
-  std::vector<const std::int8_t*> k_rows, v_rows;       // decode rows: the tile's int8 rows in place
-  std::vector<const float*> k_rows_f32, v_rows_f32;     // decode rows: the tile's float32 rows in place
+  std::vector<const std::byte*> k_rows, v_rows;         // decode rows: the tile's rows in place (and kRowsAhead more)
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -120,8 +119,6 @@ struct Scratch {
     v_scale = allocate_aligned<float>(kKeyTile);
     k_rows.resize(kKeyTile + kRowsAhead);
     v_rows.resize(kKeyTile + kRowsAhead);
-    k_rows_f32.resize(kKeyTile + kRowsAhead);
-    v_rows_f32.resize(kKeyTile + kRowsAhead);
     if (bf16_path) {
       pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
       k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
@@ -251,14 +248,14 @@ class Task {
     kvm_ = b * p_.heads_kv + head_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
-    // Decoding over float32 or int8 rows of unit column stride: the in-place kernels
-    // (decode_rows-inl.h), which read float32 rows through float pointers, so only from a
-    // float-aligned tensor (a caller's may start at any address). (bfloat16, float16 and
-    // misaligned float32 rows keep the tiles.)
+    // Decoding over rows of unit column stride: the in-place kernels (decode_rows-inl.h),
+    // which read the rows through pointers of their element type, so only from a tensor
+    // aligned to it (a caller's may start at any address; misaligned rows keep the tiles).
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     const auto row_kernels = [](const Operand& op) {
-      const bool aligned = reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
-      return op.col_stride == 1 && (op.dtype == DType::int8 || (op.dtype == DType::float32 && aligned));
+      const bool readable = op.dtype == DType::float32 || op.dtype == DType::bfloat16 || op.dtype == DType::float16 ||
+                            op.dtype == DType::int8;
+      return readable && op.col_stride == 1 && reinterpret_cast<std::uintptr_t>(op.data) % op.element_size == 0;
     };
     few_keys_ = few && row_kernels(p_.key) ? row_count : 0;
     few_values_ = few && row_kernels(p_.value) ? row_count : 0;
@@ -266,18 +263,12 @@ class Task {
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, into the
-  // int8 or the float32 list by op's dtype, and kRowsAhead more for the kernels'
-  // prefetches: the next rows, or (past this task's keys, which end at `end`) its last.
+  // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and
+  // kRowsAhead more for the kernels' prefetches: the next rows, or (past this task's
+  // keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
-                 std::vector<const std::int8_t*>& int8_rows, std::vector<const float*>& float_rows) const {
-    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) {
-      const std::byte* row = op.address(kvm_, std::min(j0 + c, end - 1), 0);
-      if (op.dtype == DType::int8)
-        int8_rows[c] = reinterpret_cast<const std::int8_t*>(row);
-      else
-        float_rows[c] = reinterpret_cast<const float*>(row);
-    }
+                 std::vector<const std::byte*>& rows) const {
+    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = op.address(kvm_, std::min(j0 + c, end - 1), 0);
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
@@ -337,7 +328,7 @@ class Task {
     if (p_.key_scale.present()) LoadScales(p_.key_scale, kvm_, j0, cols, s_.k_scale.get());
     KeyRows k;
     if (few_keys_ > 0) {  // read in place by Scores
-      PointRows(p_.key, j0, cols, end, s_.k_rows, s_.k_rows_f32);
+      PointRows(p_.key, j0, cols, end, s_.k_rows);
       return k;
     }
     if (bf16_)
@@ -353,12 +344,12 @@ class Task {
     const std::int64_t padded = PaddedColumns(cols);
     float* st = s_.st.get();
     if (few_keys_ > 0) {
-      // (int8: scaled by s^K_j in the kernel.) The padding lanes get 0, as Qᵀ's zero rows give.
-      if (p_.key.dtype == DType::int8)
-        RowScores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, s_.k_scale.get(), st, s_.rows);
-      else
-        RowScores(few_keys_, t.q_rows.get(), p_.E, s_.k_rows_f32.data(), cols, nullptr, st, s_.rows);
-      for (std::int64_t c = 0; c < cols; ++c) std::fill(st + c * s_.rows + few_keys_, st + (c + 1) * s_.rows, 0.0f);
+      // (int8: scaled by s^K_j in the kernel.) The padding lanes get 0, as Qᵀ's zero rows
+      // give: one fill of the tile, not one per column (a call each, ~20 % of an int8
+      // decode's kernel time).
+      std::fill(st, st + cols * s_.rows, 0.0f);
+      RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
+                p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, s_.rows);
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
@@ -458,14 +449,12 @@ class Task {
     if (few_values_ > 0) {  // decode rows: V read in place
       if (!values_loaded_) {
         if (p_.value_scale.present()) LoadScales(p_.value_scale, kvm_, j0, tile_cols, s_.v_scale.get());
-        PointRows(p_.value, j0, tile_cols, end, s_.v_rows, s_.v_rows_f32);
+        PointRows(p_.value, j0, tile_cols, end, s_.v_rows);
         values_loaded_ = true;
       }
       if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
-      if (p_.value.dtype == DType::int8)
-        RowAccumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(), s_.rows);
-      else
-        RowAccumulate(few_values_, s_.st.get(), s_.rows, s_.v_rows_f32.data(), cols, p_.Ev, t.ot.get(), s_.rows);
+      RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
+                    s_.rows);
       return;
     }
     if (!values_loaded_) {
@@ -699,18 +688,22 @@ bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
 // fits in one vector — runs subtiles of one row vector: with two, the second vector's
 // lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
-// The bfloat16 microkernels are written for two.
+// The bfloat16 microkernels are written for two; a decode of at most kFewRows rows a KV
+// head leaves them for the row kernels (decode_rows-inl.h), which widen bfloat16 rows
+// in registers and put no padding lanes in the FMAs.
 void ForwardFloat32(const Problem* problems, std::int64_t count) {
   if (count == 0) return;
   // (int8 K/V take the float32 path: their tiles widen to float32, exactly.)
   const Problem& first = problems[0];
+  const auto group_rows_at_most = [&](std::int64_t rows) {
+    return std::all_of(problems, problems + count,
+                       [&](const Problem& p) { return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= rows; });
+  };
   const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 &&
                          first.key.dtype == DType::bfloat16 && first.value.dtype == DType::bfloat16 &&
-                         bf16::supported();
+                         bf16::supported() && !group_rows_at_most(kFewRows);
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(DF()));
-  const bool few_rows = std::all_of(problems, problems + count, [&](const Problem& p) {
-    return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= lanes;
-  });
+  const bool few_rows = group_rows_at_most(lanes);
   if (few_rows && !bf16_path) {
     Forward<1>(problems, count, bf16_path);
     return;
