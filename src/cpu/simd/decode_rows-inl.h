@@ -171,12 +171,15 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   }
   HWY_ALIGN float sums[(M + 3) / 4 * 4];
   SumsOfLanes<M>(acc, sums);
-  for (int k = 0; k < Keys; ++k)
-    for (int r = 0; r < R; ++r) {
-      float sum = sums[k * R + r];
-      for (std::int64_t e = whole; e < E; ++e) sum += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k)[e]);
-      st[(c + k) * static_cast<std::int64_t>(st_stride) + r] = k_scale != nullptr ? sum * k_scale[c + k] : sum;
-    }
+  if (HWY_UNLIKELY(whole < E))  // the dims past whole vectors
+    for (int k = 0; k < Keys; ++k)
+      for (int r = 0; r < R; ++r)
+        for (std::int64_t e = whole; e < E; ++e) sums[k * R + r] += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k)[e]);
+  // (A scale of 1 leaves a float32 score's bits as they are: no branch per score.)
+  for (int k = 0; k < Keys; ++k) {
+    const float factor = k_scale != nullptr ? k_scale[c + k] : 1.0f;
+    for (int r = 0; r < R; ++r) st[(c + k) * static_cast<std::int64_t>(st_stride) + r] = sums[k * R + r] * factor;
+  }
 }
 
 // Keys scored together by RowScoresFewRows: as many as keep R · Keys accumulators (and

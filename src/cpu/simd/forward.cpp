@@ -268,6 +268,12 @@ class Task {
   // keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
+    if (!op.paged()) {  // no page lookup per row
+      const std::byte* first = op.address(kvm_, 0, 0);
+      const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
+      for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = first + std::min(j0 + c, end - 1) * step;
+      return;
+    }
     for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = op.address(kvm_, std::min(j0 + c, end - 1), 0);
   }
 

@@ -139,7 +139,15 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
 // The scales of rows [j0, j0+cols) of an int8 K or V (Problem::key_scale, value_scale),
 // paged or not, into `out`.
 inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols, float* out) {
-  for (std::int64_t c = 0; c < cols; ++c) out[c] = scale.load<float>(matrix, j0 + c, 0);
+  // float32 (validated), at any address: the bytes, with no dtype switch or page lookup
+  // per scale where not paged (the two cost an int8 decode ~8 % of its time).
+  if (!scale.paged()) {
+    const std::byte* first = scale.address(matrix, j0, 0);
+    const std::int64_t step = scale.row_stride * static_cast<std::int64_t>(sizeof(float));
+    for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, first + c * step, sizeof(float));
+    return;
+  }
+  for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, scale.address(matrix, j0 + c, 0), sizeof(float));
 }
 
 // xt[c·rows + ·] *= factor[c] for c < cols: a column of a transposed tile (Sᵀ, Pᵀ) times
