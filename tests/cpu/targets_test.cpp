@@ -79,5 +79,28 @@ TEST_F(EveryTarget, DecodeMatchesOracle) {
   }
 }
 
+// The decode row kernels (decode_rows-inl.h) group keys and value dims by the target's
+// register count (AVX-512: up to 8 keys or 8 vectors of dims; AVX2: 2; SSE4 and the
+// fallback differ in lanes): every row count 1–8 a KV head, with head dims that leave
+// partial blocks and tails (E = 40, Ev = 24; E = 136, Ev = 200), on every target.
+TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 2);
+    for (DType dtype : {DType::float32, DType::bfloat16})
+      for (auto [E, Ev] : {std::pair<std::int64_t, std::int64_t>{40, 24}, {136, 200}})
+        for (std::int64_t rows = 1; rows <= 8; ++rows) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + ", E = " + std::to_string(E) +
+                       ", rows = " + std::to_string(rows));
+          const Tensor q = random_tensor(dtype, {1, rows, 1, E}, rng), k = random_tensor(dtype, {1, 1, 150, E}, rng),
+                       v = random_tensor(dtype, {1, 1, 150, Ev}, rng);
+          const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), Options{});
+          EXPECT_TRUE(a.ok()) << a.describe();
+        }
+  }
+}
+
 }  // namespace
 }  // namespace sdpa::testing
