@@ -163,23 +163,26 @@ TEST(Paged, EqualsForwardOnTheContiguousCache) {
 TEST(Paged, LowPrecisionAndPerHeadSlopes) {
   const std::vector<std::int64_t> seq_lens = {33, 0, 200, 5};
   int n = 0;
-  for (DType dtype : {DType::bfloat16, DType::float16, DType::float64})
-    for (Backend backend : {Backend::reference, Backend::cpu})
-      for (bool token_major : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " backend " << static_cast<int>(backend)
-                                          << " token-major " << token_major);
-        Paged p = make_paged(dtype, seq_lens, 16, token_major, 6, 2, 3, 64, 24, 300.0, 50 + ++n);
-        if (token_major) p.qs = heads_interleaved(p.q);  // a (B, L, Hq, E) query buffer
-        p.slopes = alibi_slopes(DType::float64, {4}, 6, false);
-        Options o;
-        o.backend = backend;
-        o.causal = Causal::bottom_right;
-        o.alibi_slopes = p.slopes.view();
-        o.window_left = 50;
-        p.sinks = sink_logits(DType::float64, {4}, 6, false);
-        o.sinks = p.sinks.view();
-        expect_paged_matches(p, o, dtype, 24);
-      }
+  // L = 3: 9 query rows a KV head (the tiles); L = 1: 3 (the decode row kernels, which
+  // read bfloat16 and float16 pages in place).
+  for (std::int64_t L : {3, 1})
+    for (DType dtype : {DType::bfloat16, DType::float16, DType::float64})
+      for (Backend backend : {Backend::reference, Backend::cpu})
+        for (bool token_major : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " backend " << static_cast<int>(backend)
+                                            << " token-major " << token_major << " L " << L);
+          Paged p = make_paged(dtype, seq_lens, 16, token_major, 6, 2, L, 64, 24, 300.0, 50 + ++n);
+          if (token_major) p.qs = heads_interleaved(p.q);  // a (B, L, Hq, E) query buffer
+          p.slopes = alibi_slopes(DType::float64, {4}, 6, false);
+          Options o;
+          o.backend = backend;
+          o.causal = Causal::bottom_right;
+          o.alibi_slopes = p.slopes.view();
+          o.window_left = 50;
+          p.sinks = sink_logits(DType::float64, {4}, 6, false);
+          o.sinks = p.sinks.view();
+          expect_paged_matches(p, o, dtype, 24);
+        }
 }
 
 // A long sequence (S = 5000, the length where the contiguous forward splits the keys)
@@ -263,8 +266,8 @@ TEST(Paged, Int8PagesWithScalesEqualForwardOnTheContiguousInt8Cache) {
   for (bool token_major : {false, true})
     for (Backend backend : {Backend::reference, Backend::cpu})
       for (std::int64_t L : {1, 4}) {
-        SCOPED_TRACE(::testing::Message() << "token-major " << token_major << " backend "
-                                          << static_cast<int>(backend) << " L " << L);
+        SCOPED_TRACE(::testing::Message()
+                     << "token-major " << token_major << " backend " << static_cast<int>(backend) << " L " << L);
         Paged p = make_paged(DType::float32, seq_lens, page, token_major, Hq, Hkv, L, E, Ev, 300.0, 90 + ++n);
         const std::int64_t pages = p.cache.key_pages.shape[0];
         const QuantizedKV k8 = quantize_kv(p.key_storage.view()), v8 = quantize_kv(p.value_storage.view());

@@ -570,12 +570,13 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
         }
 }
 
-// K and V that start off their element type's alignment (a caller's tensor may: float32
-// 2 bytes past a float boundary, bfloat16 and float16 1 byte past a 2-byte one): the
-// decode row kernels read rows through pointers of the element type, so such K and V
-// keep the tiles, which copy them; the output is the oracle's either way. (Read through a
-// misaligned float pointer, the kernels' scalar tails were undefined behaviour: UBSan's
-// abort.)
+// K and V that start off their element size's boundary (a caller's tensor may: float32
+// 2 bytes past a float boundary, bfloat16 and float16 1 byte past a 2-byte one). The
+// decode row kernels read float32 rows through float pointers, so misaligned float32 K
+// and V keep the tiles, which copy them (read through a misaligned float pointer, the
+// kernels' scalar tails were undefined behaviour: UBSan's abort); bfloat16 and float16
+// rows are read as Highway's packed 2-byte structs (alignment 1), in place, by unaligned
+// vector loads. The output is the oracle's either way.
 TEST(CpuForward, MisalignedKeysAndValuesOnTheDecodePathMatchOracle) {
   std::mt19937_64 rng(41);
   const std::int64_t S = 150, E = 17;

@@ -4,6 +4,7 @@
 // or SSE-only machine gets the same contract.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "hwy/targets.h"
@@ -81,24 +82,65 @@ TEST_F(EveryTarget, DecodeMatchesOracle) {
 
 // The decode row kernels (decode_rows-inl.h) group keys and value dims by the target's
 // register count (AVX-512: up to 8 keys or 8 vectors of dims; AVX2: 2; SSE4 and the
-// fallback differ in lanes): every row count 1–8 a KV head, with head dims that leave
-// partial blocks and tails (E = 40, Ev = 24; E = 136, Ev = 200), on every target.
+// fallback differ in lanes): every row count 1–8 a KV head, for every K/V dtype they
+// read (int8 with a scale per row, beside a float32 Q), with head dims that leave partial
+// blocks and tails (E = 40, Ev = 24; E = 136, Ev = 200), on every target.
 TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     hwy::GetChosenTarget().Update(hwy::SupportedTargets());
     SCOPED_TRACE(hwy::TargetName(target));
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 2);
-    for (DType dtype : {DType::float32, DType::bfloat16})
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16, DType::int8})
       for (auto [E, Ev] : {std::pair<std::int64_t, std::int64_t>{40, 24}, {136, 200}})
         for (std::int64_t rows = 1; rows <= 8; ++rows) {
           SCOPED_TRACE(std::string(dtype_name(dtype)) + ", E = " + std::to_string(E) +
                        ", rows = " + std::to_string(rows));
-          const Tensor q = random_tensor(dtype, {1, rows, 1, E}, rng), k = random_tensor(dtype, {1, 1, 150, E}, rng),
-                       v = random_tensor(dtype, {1, 1, 150, Ev}, rng);
-          const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), Options{});
+          const DType q_dtype = dtype == DType::int8 ? DType::float32 : dtype;
+          const Tensor q = random_tensor(q_dtype, {1, rows, 1, E}, rng),
+                       k = random_tensor(q_dtype, {1, 1, 150, E}, rng),
+                       v = random_tensor(q_dtype, {1, 1, 150, Ev}, rng);
+          Options options;
+          if (dtype != DType::int8) {
+            const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+            EXPECT_TRUE(a.ok()) << a.describe();
+            continue;
+          }
+          const QuantizedKV k8 = quantize_kv(k.view()), v8 = quantize_kv(v.view());
+          options.key_scale = k8.scale.view();
+          options.value_scale = v8.scale.view();
+          const Agreement a = compare_with_oracle(q.view(), k8.values.view(), v8.values.view(), options);
           EXPECT_TRUE(a.ok()) << a.describe();
         }
+  }
+}
+
+// float16 K and V holding an infinity and a NaN, decoded on every target: the NaN must
+// reach the rows that weigh its value, and the infinite score turns every row's softmax
+// into NaN (inf − inf), as the oracle's. Highway 1.0's emulated float16 widening (below
+// its AVX2 target) mapped 0x7C00 to 65536 and a NaN to a finite number.
+TEST_F(EveryTarget, HalfInfinityAndNaNInKeysAndValuesPropagate) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 3);
+    for (bool infinite_key : {false, true}) {
+      SCOPED_TRACE(infinite_key ? "an infinite key" : "a NaN value");
+      const Tensor q = random_tensor(DType::float16, {1, 4, 1, 40}, rng);
+      Tensor k = random_tensor(DType::float16, {1, 1, 150, 40}, rng),
+             v = random_tensor(DType::float16, {1, 1, 150, 24}, rng);
+      // Key 20's dim 5 and value 7's dim 3 lie in a row's first vector, value 90's dim 21
+      // in its tail on AVX-512 (Ev = 24: a vector of 16 and 8 more).
+      if (infinite_key) {
+        k.set(20 * 40 + 5, std::numeric_limits<double>::infinity());
+      } else {
+        v.set(7 * 24 + 3, std::numeric_limits<double>::quiet_NaN());
+        v.set(90 * 24 + 21, std::numeric_limits<double>::quiet_NaN());
+      }
+      const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), Options{});
+      EXPECT_TRUE(a.ok()) << a.describe();
+    }
   }
 }
 

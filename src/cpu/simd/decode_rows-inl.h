@@ -6,11 +6,11 @@
 // or Ev (values) instead, so each element costs R/N FMAs (R rows, N lanes), and the rows
 // are read (widened to float32 in registers, exactly) straight from the cache, never
 // into a tile:
-//   st[c][r] = s^K_c · Σ_e q[r][e] · k_c[e]          (q pre-scaled by scale · log2(e); no s^K for float32)
+//   st[c][r] = s^K_c · Σ_e q[r][e] · k_c[e]          (q pre-scaled by scale · log2(e); s^K only for int8)
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
 // Results stay in the transposed (Sᵀ, Oᵀ) layout the rest of the forward uses. float32
-// decoding took these for the tiles on 2026-11-27: 10–26 % faster on the Cascade Lake Xeon
-// of bench/RESULTS.md.
+// decoding took these for the tiles on 2026-11-27 (10–26 % faster on the Cascade Lake
+// Xeon of bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -30,6 +30,7 @@
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/microkernels-inl.h"
+#include "cpu/simd/rows-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -65,20 +66,31 @@ HWY_INLINE VF WidenRow(const hwy::bfloat16_t* HWY_RESTRICT p) {
   return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
 }
 HWY_INLINE VF WidenRow(const hwy::float16_t* HWY_RESTRICT p) {
-  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+  const DF df;
+  if constexpr (kVectorHalfToFloat) {
+    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+  } else {
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    for (std::size_t i = 0; i < hn::Lanes(df); ++i) {
+      std::uint16_t bits;
+      std::memcpy(&bits, p + i, 2);
+      lanes[i] = fp16_to_float(bits);
+    }
+    return hn::Load(df, lanes);
+  }
 }
 
-// One value of a row (the dims past whole vectors).
-HWY_INLINE float ToFloat(float x) { return x; }
-HWY_INLINE float ToFloat(std::int8_t x) { return static_cast<float>(x); }
-HWY_INLINE float ToFloat(hwy::bfloat16_t x) {
+// Value e of a row (the dims past whole vectors).
+HWY_INLINE float ToFloat(const float* row, std::int64_t e) { return row[e]; }
+HWY_INLINE float ToFloat(const std::int8_t* row, std::int64_t e) { return static_cast<float>(row[e]); }
+HWY_INLINE float ToFloat(const hwy::bfloat16_t* row, std::int64_t e) {
   std::uint16_t bits;
-  std::memcpy(&bits, &x, 2);
+  std::memcpy(&bits, row + e, 2);
   return bf16_to_float(bits);
 }
-HWY_INLINE float ToFloat(hwy::float16_t x) {
+HWY_INLINE float ToFloat(const hwy::float16_t* row, std::int64_t e) {
   std::uint16_t bits;
-  std::memcpy(&bits, &x, 2);
+  std::memcpy(&bits, row + e, 2);
   return fp16_to_float(bits);
 }
 
@@ -89,7 +101,8 @@ HWY_INLINE const T* RowAt(const std::byte* const* rows, std::int64_t c) {
   return reinterpret_cast<const T*>(rows[c]);
 }
 
-// f(T()) for the element type T of dtype: the dtypes the row kernels read.
+// f(T()) for the element type T of dtype: one of the dtypes the row kernels read
+// (float32, bfloat16, float16, int8: Task::SetRows admits no other).
 template <class F>
 HWY_INLINE void WithRowType(DType dtype, F f) {
   switch (dtype) {
@@ -99,7 +112,10 @@ HWY_INLINE void WithRowType(DType dtype, F f) {
       return f(hwy::bfloat16_t());
     case DType::float16:
       return f(hwy::float16_t());
+    case DType::float32:
+      return f(float());
     default:
+      HWY_DASSERT(false);
       return f(float());
   }
 }
@@ -111,7 +127,7 @@ HWY_INLINE void WithRowType(DType dtype, F f) {
 // scores kernel's time on the Cascade Lake Xeon of bench/RESULTS.md.
 HWY_INLINE VF BlockSums4(VF a, VF b, VF c, VF d) {
   const DF df;
-  const hn::Repartition<std::uint64_t, DF> d64;
+  const hn::Repartition<double, DF> d64;  // (double, not uint64: no int/float domain crossing)
   const VF ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));  // a02 b02 a13 b13
   const VF cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));  // c02 d02 c13 d13
   const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
@@ -174,7 +190,7 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   if (HWY_UNLIKELY(whole < E))  // the dims past whole vectors
     for (int k = 0; k < Keys; ++k)
       for (int r = 0; r < R; ++r)
-        for (std::int64_t e = whole; e < E; ++e) sums[k * R + r] += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k)[e]);
+        for (std::int64_t e = whole; e < E; ++e) sums[k * R + r] += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k), e);
   // (A scale of 1 leaves a float32 score's bits as they are: no branch per score.)
   for (int k = 0; k < Keys; ++k) {
     const float factor = k_scale != nullptr ? k_scale[c + k] : 1.0f;
@@ -182,10 +198,12 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   }
 }
 
-// Keys scored together by RowScoresFewRows: as many as keep R · Keys accumulators (and
-// the Keys rows) within the vector registers (32 on AVX-512, 16 below).
+// Keys scored together (RowScoresFewRows) and vectors of dims accumulated per pass over
+// the keys (RowAccumulateFewRows) for R rows: as many as keep R times as many
+// accumulators, and the rows' vectors, within the vector registers (32 on AVX-512, 16
+// below).
 template <int R>
-constexpr int ScoreKeys() {
+constexpr int RegisterBlock() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return R <= 2 ? 8 : R <= 4 ? 4 : 2;
 #else
@@ -194,11 +212,11 @@ constexpr int ScoreKeys() {
 }
 
 // Sᵀ of keys [0, cols) (k_rows[c]: key c's row, unit stride; k_scale[c] its scale, or
-// k_scale null) for R rows: ScoreKeys<R>() keys at a time.
+// k_scale null) for R rows: RegisterBlock<R>() keys at a time.
 template <int R, class T>
 HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const std::byte* const* k_rows, std::int64_t cols,
                                    const float* k_scale, float* st, std::size_t st_stride) {
-  constexpr int kKeys = ScoreKeys<R>();
+  constexpr int kKeys = RegisterBlock<R>();
   std::int64_t c = 0;
   for (; c + kKeys <= cols; c += kKeys) RowScoreKeys<R, kKeys, T>(q, E, k_rows, c, k_scale, st, st_stride);
   for (; c < cols; ++c) RowScoreKeys<R, 1, T>(q, E, k_rows, c, k_scale, st, st_stride);
@@ -234,19 +252,9 @@ HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps,
     }
 }
 
-// Vectors of dims RowAccumulateFewRows takes per pass over the keys at most: as many as
-// keep R · V accumulators (and the V row vectors) within the vector registers.
-template <int R>
-constexpr int AccumulateVectors() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  return R <= 2 ? 8 : R <= 4 ? 4 : 2;
-#else
-  return R <= 4 ? 2 : 1;
-#endif
-}
-
-// The dims [d, Ev) past whole vectors of blocks of V vectors, then V/2, …, 1 (fewer
-// passes over the keys than single vectors where Ev is not a multiple of V vectors).
+// Oᵀ += … for the dims from d on, in blocks of V vectors, then V/2, …, 1, while whole
+// vectors remain (fewer passes over the keys than single vectors where Ev is not a
+// multiple of V vectors); d ends at the first dim past whole vectors.
 template <int R, int V, class T>
 HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                     std::int64_t cols, std::int64_t Ev, std::int64_t& d, float* HWY_RESTRICT ot,
@@ -263,11 +271,11 @@ HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t
                                        float* HWY_RESTRICT ot, std::size_t rows) {
   const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
   std::int64_t d = 0;
-  RowAccumulateBlocks<R, AccumulateVectors<R>(), T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
+  RowAccumulateBlocks<R, RegisterBlock<R>(), T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
   for (; d < Ev; ++d)  // the dims past whole vectors
     for (int r = 0; r < R; ++r) {
       float sum = 0.0f;
-      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c)[d]);
+      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c), d);
       ot[d * stride + r] += sum;
     }
 }
@@ -297,25 +305,27 @@ HWY_INLINE void WithRowCount(std::int64_t rows, F f) {
   }
 }
 
+// f(T(), std::integral_constant<int, R>()) for the element type T of dtype and the
+// run-time row count R = rows: the kernels are compiled per type and row count.
+template <class F>
+HWY_INLINE void WithRowKernel(DType dtype, std::int64_t rows, F f) {
+  WithRowType(dtype, [&](auto type) { WithRowCount(rows, [&](auto r) { f(type, r); }); });
+}
+
 // The two kernels for K or V rows of `dtype` (float32, bfloat16, float16 or int8) and a
 // run-time row count 1 <= rows <= kFewRows.
 inline void RowScores(DType dtype, std::int64_t rows, const float* q, std::int64_t E, const std::byte* const* k_rows,
                       std::int64_t cols, const float* k_scale, float* st, std::size_t st_stride) {
-  WithRowType(dtype, [&](auto type) {
-    using T = decltype(type);
-    WithRowCount(rows,
-                 [&](auto r) { RowScoresFewRows<decltype(r)::value, T>(q, E, k_rows, cols, k_scale, st, st_stride); });
+  WithRowKernel(dtype, rows, [&](auto type, auto r) {
+    RowScoresFewRows<decltype(r)::value, decltype(type)>(q, E, k_rows, cols, k_scale, st, st_stride);
   });
 }
 
 inline void RowAccumulate(DType dtype, std::int64_t rows, const float* pt, std::size_t pt_stride,
                           const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev, float* ot,
                           std::size_t ot_rows) {
-  WithRowType(dtype, [&](auto type) {
-    using T = decltype(type);
-    WithRowCount(rows, [&](auto r) {
-      RowAccumulateFewRows<decltype(r)::value, T>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
-    });
+  WithRowKernel(dtype, rows, [&](auto type, auto r) {
+    RowAccumulateFewRows<decltype(r)::value, decltype(type)>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
   });
 }
 

@@ -22,9 +22,9 @@
 // int8 K/V (quantized caches): each tile widens q to float32 (exact) and the scale
 // multiplies the score column (s^K_j) and the weight column (s^V_j).
 //
-// Decoding: a task of at most kFewRows rows over float32 or int8 K and V rows of unit
-// column stride skips the tiles: simd/decode_rows-inl.h reads the rows in place with
-// lanes along E and Ev.
+// Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
+// (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
+// rows in place with lanes along E and Ev.
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
@@ -249,13 +249,17 @@ class Task {
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
     // Decoding over rows of unit column stride: the in-place kernels (decode_rows-inl.h),
-    // which read the rows through pointers of their element type, so only from a tensor
-    // aligned to it (a caller's may start at any address; misaligned rows keep the tiles).
+    // which read the rows through pointers of their element type. A float32 row needs a
+    // float-aligned tensor (a caller's may start at any address; a misaligned one keeps
+    // the tiles); Highway's bfloat16_t and float16_t are packed 2-byte structs (alignment
+    // 1), and every row of a tensor lies whole elements from its start.
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     const auto row_kernels = [](const Operand& op) {
       const bool readable = op.dtype == DType::float32 || op.dtype == DType::bfloat16 || op.dtype == DType::float16 ||
                             op.dtype == DType::int8;
-      return readable && op.col_stride == 1 && reinterpret_cast<std::uintptr_t>(op.data) % op.element_size == 0;
+      const bool aligned =
+          op.dtype != DType::float32 || reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
+      return readable && aligned && op.col_stride == 1;
     };
     few_keys_ = few && row_kernels(p_.key) ? row_count : 0;
     few_values_ = few && row_kernels(p_.value) ? row_count : 0;
@@ -268,13 +272,8 @@ class Task {
   // keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
-    if (!op.paged()) {  // no page lookup per row
-      const std::byte* first = op.address(kvm_, 0, 0);
-      const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
-      for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = first + std::min(j0 + c, end - 1) * step;
-      return;
-    }
-    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = op.address(kvm_, std::min(j0 + c, end - 1), 0);
+    const auto row = RowAddresses(op, kvm_);
+    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
@@ -696,40 +695,50 @@ bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
 // lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
 // The bfloat16 microkernels are written for two; a decode of at most kFewRows rows a KV
 // head leaves them for the row kernels (decode_rows-inl.h), which widen bfloat16 rows
-// in registers and put no padding lanes in the FMAs.
+// in registers and put no padding lanes in the FMAs. (Not measured on a CPU with
+// vdpbf16ps, which this choice concerns; and there P is no longer rounded to bfloat16
+// for the P·V product.)
 void ForwardFloat32(const Problem* problems, std::int64_t count) {
   if (count == 0) return;
   // (int8 K/V take the float32 path: their tiles widen to float32, exactly.)
   const Problem& first = problems[0];
-  const auto group_rows_at_most = [&](std::int64_t rows) {
-    return std::all_of(problems, problems + count,
-                       [&](const Problem& p) { return p.heads_kv == 0 || p.heads_q / p.heads_kv * p.L <= rows; });
+  const auto group_rows = [](const Problem& p) { return p.heads_kv == 0 ? 0 : p.heads_q / p.heads_kv * p.L; };
+  // Runs of consecutive problems (varlen sequences) alike in `key`, each in one call of
+  // `run` (a sequence's path, and so its bits, are those it gets alone).
+  const auto by_runs = [&](auto key, auto run) {
+    for (std::int64_t begin = 0, end; begin < count; begin = end) {
+      const auto value = key(problems[begin]);
+      for (end = begin + 1; end < count && key(problems[end]) == value;) ++end;
+      run(problems + begin, end - begin, value);
+    }
   };
-  const bool bf16_path = kBf16KernelsFit && first.query.dtype == DType::bfloat16 &&
-                         first.key.dtype == DType::bfloat16 && first.value.dtype == DType::bfloat16 &&
-                         bf16::supported() && !group_rows_at_most(kFewRows);
+  if (kBf16KernelsFit && first.query.dtype == DType::bfloat16 && first.key.dtype == DType::bfloat16 &&
+      first.value.dtype == DType::bfloat16 && bf16::supported()) {
+    by_runs([&](const Problem& p) { return group_rows(p) <= kFewRows; },
+            [](const Problem* run, std::int64_t n, bool decode) {
+              if (decode)
+                Forward<1>(run, n, false);
+              else
+                Forward<2>(run, n, true);
+            });
+    return;
+  }
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(DF()));
-  const bool few_rows = group_rows_at_most(lanes);
-  if (few_rows && !bf16_path) {
-    Forward<1>(problems, count, bf16_path);
+  if (std::all_of(problems, problems + count, [&](const Problem& p) { return group_rows(p) <= lanes; })) {
+    Forward<1>(problems, count, false);
     return;
   }
   if constexpr (HWY_MAX_BYTES == 64) {
-    if (!bf16_path) {
-      // Runs of consecutive problems (varlen sequences) with the same blocking, each in
-      // one call of the kernel.
-      for (std::int64_t begin = 0, end; begin < count; begin = end) {
-        const bool three = ThreeVectorsPay(problems[begin], lanes);
-        for (end = begin + 1; end < count && ThreeVectorsPay(problems[end], lanes) == three;) ++end;
-        if (three)
-          Forward<3>(problems + begin, end - begin, bf16_path);
-        else
-          Forward<2>(problems + begin, end - begin, bf16_path);
-      }
-      return;
-    }
+    by_runs([&](const Problem& p) { return ThreeVectorsPay(p, lanes); },
+            [](const Problem* run, std::int64_t n, bool three) {
+              if (three)
+                Forward<3>(run, n, false);
+              else
+                Forward<2>(run, n, false);
+            });
+    return;
   }
-  Forward<2>(problems, count, bf16_path);
+  Forward<2>(problems, count, false);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }

@@ -26,6 +26,22 @@ namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace simd {
 
+// Whether hn::PromoteTo widens float16 vectors exactly on this target. Highway 1.0 does
+// with F16C (x86 from its AVX2 target up); its emulation below maps exponent 31 (inf,
+// NaN) to finite numbers (0x7C00 → 65536), so float16 is widened a value at a time there.
+constexpr bool kVectorHalfToFloat = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+
+// op's rows of matrix `matrix` as addresses: row(j), with the page lookup only where op
+// is paged (a decode tile asks for a hundred rows).
+inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
+  const bool paged = op.paged();
+  const std::byte* first = paged ? nullptr : op.address(matrix, 0, 0);
+  const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
+  return [&op, matrix, paged, first, step](std::int64_t j) {
+    return paged ? static_cast<const std::byte*>(op.address(matrix, j, 0)) : first + j * step;
+  };
+}
+
 // Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
 // The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
 // a vector at a time (F16C / shifts).
@@ -84,7 +100,7 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
     case DType::bfloat16: {
       const bool half = op.dtype == DType::float16;
       std::int64_t c = 0;
-      if (step == 1) {
+      if (step == 1 && (!half || kVectorHalfToFloat)) {
         const hn::Rebind<hwy::float16_t, DF> dh;
         const hn::Rebind<hwy::bfloat16_t, DF> db;
         for (; c + N <= count; c += N) {
@@ -141,13 +157,8 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
 inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols, float* out) {
   // float32 (validated), at any address: the bytes, with no dtype switch or page lookup
   // per scale where not paged (the two cost an int8 decode ~8 % of its time).
-  if (!scale.paged()) {
-    const std::byte* first = scale.address(matrix, j0, 0);
-    const std::int64_t step = scale.row_stride * static_cast<std::int64_t>(sizeof(float));
-    for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, first + c * step, sizeof(float));
-    return;
-  }
-  for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, scale.address(matrix, j0 + c, 0), sizeof(float));
+  const auto row = RowAddresses(scale, matrix);
+  for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, row(j0 + c), sizeof(float));
 }
 
 // xt[c·rows + ·] *= factor[c] for c < cols: a column of a transposed tile (Sᵀ, Pᵀ) times
