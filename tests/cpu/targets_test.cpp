@@ -15,18 +15,19 @@ namespace {
 
 class EveryTarget : public ::testing::Test {
  protected:
-  void TearDown() override {
-    hwy::SetSupportedTargetsForTest(0);
+  // Makes the dispatch pick `target` (0: every target the CPU supports, the best first).
+  static void Choose(std::int64_t target) {
+    hwy::SetSupportedTargetsForTest(target);
     hwy::GetChosenTarget().Update(hwy::SupportedTargets());
   }
+  void TearDown() override { Choose(0); }
 };
 
 TEST_F(EveryTarget, MatchesOracle) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   EXPECT_GE(targets.size(), 2u) << "expected at least one SIMD target and a fallback";
   for (std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    Choose(target);
     SCOPED_TRACE(hwy::TargetName(target));
     EXPECT_NE(runtime_info().cpu_kernel.find(hwy::TargetName(target)), std::string::npos) << runtime_info().cpu_kernel;
     std::mt19937_64 rng(static_cast<std::uint64_t>(target));
@@ -51,8 +52,7 @@ TEST_F(EveryTarget, MatchesOracle) {
 // at S = 9001 the key range split across tasks and merged by the lse, on every target.
 TEST_F(EveryTarget, DecodeMatchesOracle) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    Choose(target);
     SCOPED_TRACE(hwy::TargetName(target));
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 1);
     Tensor slopes(DType::float64, {8});
@@ -87,8 +87,7 @@ TEST_F(EveryTarget, DecodeMatchesOracle) {
 // blocks and tails (E = 40, Ev = 24; E = 136, Ev = 200), on every target.
 TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    Choose(target);
     SCOPED_TRACE(hwy::TargetName(target));
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 2);
     for (DType dtype : {DType::float32, DType::bfloat16, DType::float16, DType::int8})
@@ -121,8 +120,7 @@ TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
 // its AVX2 target) mapped 0x7C00 to 65536 and a NaN to a finite number.
 TEST_F(EveryTarget, HalfInfinityAndNaNInKeysAndValuesPropagate) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    Choose(target);
     SCOPED_TRACE(hwy::TargetName(target));
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 3);
     for (bool infinite_key : {false, true}) {
