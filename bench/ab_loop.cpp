@@ -6,10 +6,10 @@
 //   sdpa_ab_loop B Hq Hkv L S E causal calls [threads] [backward] [dtype]
 //
 // dtype: float32 (the default), bfloat16, float16, or int8-kv (bfloat16 Q, K and V int8
-// with a scale per row, quantize_kv); packed, Ev = E; causal is bottom-right. Prints GFLOP/s (FlashAttention's
-// count: 4·B·Hq·L·S·E, half when causal — exact only for L = S — and ×2.5 for the
-// backward) or, for a forward with L = 1, GB/s of K and V (and their scales); and the
-// best call's time.
+// with a scale per row, quantize_kv); packed, Ev = E; causal is bottom-right. Prints
+// GFLOP/s (FlashAttention's count: 4·B·Hq·L·S·E, half when causal — exact only for
+// L = S — and ×2.5 for the backward) or, for a forward with L = 1, GB/s of K and V (and
+// their scales); and the best call's time.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>

@@ -266,8 +266,8 @@ TEST(Paged, Int8PagesWithScalesEqualForwardOnTheContiguousInt8Cache) {
   for (bool token_major : {false, true})
     for (Backend backend : {Backend::reference, Backend::cpu})
       for (std::int64_t L : {1, 4}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "token-major " << token_major << " backend " << static_cast<int>(backend) << " L " << L);
+        SCOPED_TRACE(::testing::Message() << "token-major " << token_major << " backend "
+                                          << static_cast<int>(backend) << " L " << L);
         Paged p = make_paged(DType::float32, seq_lens, page, token_major, Hq, Hkv, L, E, Ev, 300.0, 90 + ++n);
         const std::int64_t pages = p.cache.key_pages.shape[0];
         const QuantizedKV k8 = quantize_kv(p.key_storage.view()), v8 = quantize_kv(p.value_storage.view());

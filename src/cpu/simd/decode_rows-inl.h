@@ -22,10 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
-#include "common/half.h"
 #include "common/problem.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
@@ -54,46 +52,6 @@ HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
   if (static_cast<std::int64_t>(hn::Lanes(DF())) >= kPerLine || e % kPerLine == 0) hwy::Prefetch(row + e);
 }
 
-// N values of a K or V row at p as float32 lanes, widened exactly.
-HWY_INLINE VF WidenRow(const float* HWY_RESTRICT p) { return hn::LoadU(DF(), p); }
-HWY_INLINE VF WidenRow(const std::int8_t* HWY_RESTRICT p) {
-  const DF df;
-  const hn::Rebind<std::int32_t, DF> di;
-  const hn::Rebind<std::int8_t, DF> d8;
-  return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
-}
-HWY_INLINE VF WidenRow(const hwy::bfloat16_t* HWY_RESTRICT p) {
-  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
-}
-HWY_INLINE VF WidenRow(const hwy::float16_t* HWY_RESTRICT p) {
-  const DF df;
-  if constexpr (kVectorHalfToFloat) {
-    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
-  } else {
-    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
-    for (std::size_t i = 0; i < hn::Lanes(df); ++i) {
-      std::uint16_t bits;
-      std::memcpy(&bits, p + i, 2);
-      lanes[i] = fp16_to_float(bits);
-    }
-    return hn::Load(df, lanes);
-  }
-}
-
-// Value e of a row (the dims past whole vectors).
-HWY_INLINE float ToFloat(const float* row, std::int64_t e) { return row[e]; }
-HWY_INLINE float ToFloat(const std::int8_t* row, std::int64_t e) { return static_cast<float>(row[e]); }
-HWY_INLINE float ToFloat(const hwy::bfloat16_t* row, std::int64_t e) {
-  std::uint16_t bits;
-  std::memcpy(&bits, row + e, 2);
-  return bf16_to_float(bits);
-}
-HWY_INLINE float ToFloat(const hwy::float16_t* row, std::int64_t e) {
-  std::uint16_t bits;
-  std::memcpy(&bits, row + e, 2);
-  return fp16_to_float(bits);
-}
-
 // The kernels take a tile's rows as untyped pointers (one list whatever the dtype);
 // RowAt<T> reads one as a row of T.
 template <class T>
@@ -101,8 +59,20 @@ HWY_INLINE const T* RowAt(const std::byte* const* rows, std::int64_t c) {
   return reinterpret_cast<const T*>(rows[c]);
 }
 
+// Whether the kernels read op's rows in place: rows of unit column stride, of a dtype
+// WithRowType knows, through pointers of their element type. A float32 row needs a
+// float-aligned tensor (a caller's may start at any address; a misaligned one keeps the
+// tiles); Highway's bfloat16_t and float16_t are packed 2-byte structs (alignment 1),
+// and every row of a tensor lies whole elements from its start.
+inline bool RowKernelsRead(const Operand& op) {
+  const bool known = op.dtype == DType::float32 || op.dtype == DType::bfloat16 || op.dtype == DType::float16 ||
+                     op.dtype == DType::int8;
+  const bool aligned = op.dtype != DType::float32 || reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
+  return known && aligned && op.col_stride == 1;
+}
+
 // f(T()) for the element type T of dtype: one of the dtypes the row kernels read
-// (float32, bfloat16, float16, int8: Task::SetRows admits no other).
+// (RowKernelsRead admits no other).
 template <class F>
 HWY_INLINE void WithRowType(DType dtype, F f) {
   switch (dtype) {
@@ -282,26 +252,14 @@ HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t
 
 // f(std::integral_constant<int, R>()) for the run-time row count R = rows, 1 <= rows <=
 // kFewRows: the kernels are compiled per row count.
-template <class F>
+template <int R = 1, class F>
 HWY_INLINE void WithRowCount(std::int64_t rows, F f) {
-  static_assert(kFewRows == 8, "the cases below are written out for 8");
-  switch (rows) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 2:
-      return f(std::integral_constant<int, 2>());
-    case 3:
-      return f(std::integral_constant<int, 3>());
-    case 4:
-      return f(std::integral_constant<int, 4>());
-    case 5:
-      return f(std::integral_constant<int, 5>());
-    case 6:
-      return f(std::integral_constant<int, 6>());
-    case 7:
-      return f(std::integral_constant<int, 7>());
-    default:
-      return f(std::integral_constant<int, 8>());
+  if constexpr (R == kFewRows) {
+    f(std::integral_constant<int, R>());
+  } else if (rows == R) {
+    f(std::integral_constant<int, R>());
+  } else {
+    WithRowCount<R + 1>(rows, f);
   }
 }
 

@@ -248,21 +248,10 @@ class Task {
     kvm_ = b * p_.heads_kv + head_kv;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
-    // Decoding over rows of unit column stride: the in-place kernels (decode_rows-inl.h),
-    // which read the rows through pointers of their element type. A float32 row needs a
-    // float-aligned tensor (a caller's may start at any address; a misaligned one keeps
-    // the tiles); Highway's bfloat16_t and float16_t are packed 2-byte structs (alignment
-    // 1), and every row of a tensor lies whole elements from its start.
+    // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
-    const auto row_kernels = [](const Operand& op) {
-      const bool readable = op.dtype == DType::float32 || op.dtype == DType::bfloat16 || op.dtype == DType::float16 ||
-                            op.dtype == DType::int8;
-      const bool aligned =
-          op.dtype != DType::float32 || reinterpret_cast<std::uintptr_t>(op.data) % alignof(float) == 0;
-      return readable && aligned && op.col_stride == 1;
-    };
-    few_keys_ = few && row_kernels(p_.key) ? row_count : 0;
-    few_values_ = few && row_kernels(p_.value) ? row_count : 0;
+    few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
+    few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }

@@ -26,11 +26,6 @@ namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace simd {
 
-// Whether hn::PromoteTo widens float16 vectors exactly on this target. Highway 1.0 does
-// with F16C (x86 from its AVX2 target up); its emulation below maps exponent 31 (inf,
-// NaN) to finite numbers (0x7C00 → 65536), so float16 is widened a value at a time there.
-constexpr bool kVectorHalfToFloat = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
-
 // op's rows of matrix `matrix` as addresses: row(j), with the page lookup only where op
 // is paged (a decode tile asks for a hundred rows).
 inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
@@ -42,9 +37,6 @@ inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
   };
 }
 
-// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
-// The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
-// a vector at a time (F16C / shifts).
 // `bytes` bytes from `from` to `to`, whole vectors inline and the last partial one by
 // memcpy: a small head's rows are a few hundred bytes, and a libc memcpy call per row
 // (its dispatch and size checks) cost more than the copy. Bytes, not floats: a row of a
@@ -59,6 +51,54 @@ inline void CopyRowBytes(std::byte* HWY_RESTRICT to, const std::byte* HWY_RESTRI
   if (x < bytes) std::memcpy(dst + x, src + x, bytes - x);
 }
 
+// Whether hn::PromoteTo widens float16 vectors exactly on this target. Highway 1.0 does
+// with F16C (x86 from its AVX2 target up); its emulation below maps exponent 31 (inf,
+// NaN) to finite numbers (0x7C00 → 65536), so float16 is widened a value at a time there.
+constexpr bool kVectorHalfToFloat = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+
+// N values of a row at p as float32 lanes, widened exactly (int8: q, without its scale).
+HWY_INLINE VF WidenRow(const float* HWY_RESTRICT p) { return hn::LoadU(DF(), p); }
+HWY_INLINE VF WidenRow(const std::int8_t* HWY_RESTRICT p) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::int8_t, DF> d8;
+  return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
+}
+HWY_INLINE VF WidenRow(const hwy::bfloat16_t* HWY_RESTRICT p) {
+  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
+}
+HWY_INLINE VF WidenRow(const hwy::float16_t* HWY_RESTRICT p) {
+  const DF df;
+  if constexpr (kVectorHalfToFloat) {
+    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+  } else {
+    HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+    for (std::size_t i = 0; i < hn::Lanes(df); ++i) {
+      std::uint16_t bits;
+      std::memcpy(&bits, p + i, 2);
+      lanes[i] = fp16_to_float(bits);
+    }
+    return hn::Load(df, lanes);
+  }
+}
+
+// Value e of a row (the dims past whole vectors).
+HWY_INLINE float ToFloat(const float* row, std::int64_t e) { return row[e]; }
+HWY_INLINE float ToFloat(const std::int8_t* row, std::int64_t e) { return static_cast<float>(row[e]); }
+HWY_INLINE float ToFloat(const hwy::bfloat16_t* row, std::int64_t e) {
+  std::uint16_t bits;
+  std::memcpy(&bits, row + e, 2);
+  return bf16_to_float(bits);
+}
+HWY_INLINE float ToFloat(const hwy::float16_t* row, std::int64_t e) {
+  std::uint16_t bits;
+  std::memcpy(&bits, row + e, 2);
+  return fp16_to_float(bits);
+}
+
+// Elements [col0, col0+count) of row `row` of matrix `matrix`, converted to float32.
+// The dtype switch is hoisted out of the loop; contiguous float16/bfloat16 rows convert
+// a vector at a time (WidenRow).
 inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, std::int64_t col0, std::int64_t count,
                     float* out) {
   if (count <= 0) return;  // an empty row may have no memory behind it
@@ -86,11 +126,8 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
     case DType::int8: {  // quantized K/V rows: q exactly (the scale is the caller's)
       std::int64_t c = 0;
       if (step == 1) {
-        const hn::Rebind<std::int32_t, DF> di;
-        const hn::Rebind<std::int8_t, DF> d8;
         for (; c + N <= count; c += N)
-          hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(base) + c))),
-                     df, out + c);
+          hn::StoreU(WidenRow(reinterpret_cast<const std::int8_t*>(base) + c), df, out + c);
       }
       for (const std::byte* at = base + c * step; c < count; ++c, at += step)
         out[c] = static_cast<float>(static_cast<std::int8_t>(*at));
@@ -100,12 +137,10 @@ inline void LoadRow(const Operand& op, std::int64_t matrix, std::int64_t row, st
     case DType::bfloat16: {
       const bool half = op.dtype == DType::float16;
       std::int64_t c = 0;
-      if (step == 1 && (!half || kVectorHalfToFloat)) {
-        const hn::Rebind<hwy::float16_t, DF> dh;
-        const hn::Rebind<hwy::bfloat16_t, DF> db;
+      if (step == 1) {
         for (; c + N <= count; c += N) {
-          const VF v = half ? hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(base) + c))
-                            : hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(base) + c));
+          const VF v = half ? WidenRow(reinterpret_cast<const hwy::float16_t*>(base) + c)
+                            : WidenRow(reinterpret_cast<const hwy::bfloat16_t*>(base) + c);
           hn::StoreU(v, df, out + c);
         }
       }
