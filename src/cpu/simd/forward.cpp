@@ -116,7 +116,9 @@ struct Scratch {
     alibi_lanes = allocate_aligned<float>(2 * rows);
     row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
     k_scale = allocate_aligned<float>(kKeyTile);
-    v_scale = allocate_aligned<float>(kKeyTile);
+    // (N more: DenseScaleColumns reads a vector's worth past the tile.)
+    v_scale = allocate_aligned<float>(kKeyTile + hn::Lanes(DF()));
+    std::fill(v_scale.get(), v_scale.get() + kKeyTile + hn::Lanes(DF()), 0.0f);
     k_rows.resize(kKeyTile + kRowsAhead);
     v_rows.resize(kKeyTile + kRowsAhead);
     if (bf16_path) {
@@ -252,6 +254,10 @@ class Task {
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
+    // Both read in place, and no step that works lane by lane: the dense Sᵀ.
+    const std::int64_t group = DenseGroup(row_count);
+    const bool lanewise = p_.softcap > 0.0 || p_.has_alibi() || p_.dropout_p > 0.0 || p_.weights.present();
+    dense_group_ = few_keys_ > 0 && few_values_ > 0 && group <= static_cast<std::int64_t>(n_) && !lanewise ? group : 0;
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
@@ -307,6 +313,9 @@ class Task {
     }
   }
 
+  // Sᵀ's column stride: a vector of rows, or a dense Sᵀ's group.
+  std::size_t ScoreStride() const { return dense_group_ > 0 ? static_cast<std::size_t>(dense_group_) : s_.rows; }
+
   // Columns of Sᵀ that the softmax runs over for a tile of `cols` keys: the bfloat16
   // kernels write whole 12-key blocks, ScoreTile a shorter last block.
   std::int64_t PaddedColumns(std::int64_t cols) const {
@@ -335,15 +344,16 @@ class Task {
   // Sᵀ for keys [j0, j0+cols): softcapped, masked, ALiBi-biased; −inf where causal, the
   // window, a bool mask or padding exclude the key. Returns false if every entry is −inf.
   bool Scores(Subtile& t, std::int64_t j0, std::int64_t cols, const KeyRows& k) {
-    const std::int64_t padded = PaddedColumns(cols);
+    const std::int64_t padded = dense_group_ > 0 ? DenseColumns(cols, dense_group_) : PaddedColumns(cols);
+    const std::size_t stride = ScoreStride();
     float* st = s_.st.get();
     if (few_keys_ > 0) {
       // (int8: scaled by s^K_j in the kernel.) The padding lanes get 0, as Qᵀ's zero rows
       // give: one fill of the tile, not one per column (a call each, ~20 % of an int8
       // decode's kernel time).
-      std::fill(st, st + cols * s_.rows, 0.0f);
+      if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
       RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
-                p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, s_.rows);
+                p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, stride);
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
@@ -355,12 +365,13 @@ class Task {
     if (p_.key_scale.present() && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, s_.k_scale.get());
     padded_cols_ = padded;
     if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, kVectors, nullptr, 0);
-    for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * s_.rows, st + (c + 1) * s_.rows, kMinusInf);
+    for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * stride, st + (c + 1) * stride, kMinusInf);
 
+    // (Softcap and ALiBi work lane by lane: never on the dense Sᵀ.)
     bool any_visible = true;
-    if (p_.mask.present()) any_visible = ApplyMask(p_, t, st, s_.rows, j0, cols, s_.row_buffer.get());
+    if (p_.mask.present()) any_visible = ApplyMask(p_, t, st, stride, j0, cols, s_.row_buffer.get());
     if (p_.has_alibi()) AddAlibi(p_, t, st, s_.rows, j0, cols, kVectors, s_.alibi_lanes.get());
-    ApplyBand(t, st, s_.rows, j0, cols);
+    ApplyBand(t, st, stride, j0, cols);
     return any_visible;
   }
 
@@ -371,7 +382,12 @@ class Task {
     // may_alias), so a bound read through `this` would be reloaded after every store.
     float* st = s_.st.get();
     const std::size_t rows = s_.rows;
-    const std::int64_t padded = padded_cols_, Ev = p_.Ev;
+    const std::int64_t padded = padded_cols_;
+    if (dense_group_ > 0) {  // (no dropout there)
+      const VF m_old = hn::Load(df, t.m.get());
+      RescaleOutputs(t, 0, m_old, DenseSoftmax(st, padded, dense_group_, t.m.get(), t.l.get()));
+      return;
+    }
     // The max and the sum over a tile's columns run as kPartials chains, column c in chain
     // c mod kPartials: one chain would put a 4-cycle max or add per column on the
     // critical path, about as long as issuing the column's exp. The chains depend on the
@@ -404,17 +420,25 @@ class Task {
       const VF tile_sum = hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]));
       hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, tile_sum), df, t.l.get() + lane0);
       hn::Store(m_new, df, t.m.get() + lane0);
-      // Nothing to rescale while Oᵀ is fresh (not written yet), nor while no lane has
-      // seen a key (m = −inf in every lane, after tiles the band hid): Oᵀ holds only +0,
-      // or NaN from a NaN or infinite value under a zero weight, and α = 0 would leave it
-      // so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose max rises
-      // that far between tiles must still have its Oᵀ zeroed.)
-      if (t.ot_fresh || hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)))))
-        continue;
-      float* ot = t.ot.get() + lane0;
-      for (std::int64_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
+      RescaleOutputs(t, lane0, m_old, alpha);
     }
     if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
+  }
+
+  // Oᵀ's lanes [lane0, lane0 + N) times α, their rows' factor from a softmax step that
+  // found the max m_old before it.
+  void RescaleOutputs(Subtile& t, std::size_t lane0, VF m_old, VF alpha) {
+    const DF df;
+    // Nothing to rescale while Oᵀ is fresh (not written yet), nor while no lane has
+    // seen a key (m = −inf in every lane, after tiles the band hid): Oᵀ holds only +0,
+    // or NaN from a NaN or infinite value under a zero weight, and α = 0 would leave it
+    // so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose max rises
+    // that far between tiles must still have its Oᵀ zeroed.)
+    if (t.ot_fresh || hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)))))
+      return;
+    const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // (not reloaded after each store)
+    float* ot = t.ot.get() + lane0;
+    for (std::size_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
   }
 
   // Pᵀ ← Pᵀ ∘ Z over keys [j0, j0+cols): a kept probability times 1/(1−p), a dropped one
@@ -446,8 +470,11 @@ class Task {
         PointRows(p_.value, j0, tile_cols, end, s_.v_rows);
         values_loaded_ = true;
       }
-      if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
-      RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), s_.rows, s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
+      if (p_.value_scale.present() && dense_group_ > 0)
+        DenseScaleColumns(s_.st.get(), dense_group_, cols, s_.v_scale.get());
+      else if (p_.value_scale.present())
+        ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
+      RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
                     s_.rows);
       return;
     }
@@ -583,6 +610,7 @@ class Task {
   const bool bf16_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
+  std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_rows-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
