@@ -107,24 +107,40 @@ HWY_INLINE VF BlockSums4(VF a, VF b, VF c, VF d) {
                  hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64)));
 }
 
-// The four sums of BlockSums4 over all blocks, into sums[0..4).
+// Block g of the result = the sum of v[g]'s blocks, for one vector v[g] per block of D
+// (a transpose of blocks: 15 instructions for 16 sums on AVX-512, where folding each
+// vector alone took 5 and a store). Halves first, (b0 + b2) + (b1 + b3), as a vector
+// folded alone would add them.
 template <class D>
-HWY_INLINE void StoreBlockTotals(D d, hn::Vec<D> v, float* HWY_RESTRICT sums) {
-  if constexpr (hn::MaxLanes(D()) <= 4) {
-    hn::StoreU(v, d, sums);
+HWY_INLINE hn::Vec<D> BlockTotals(D d, const hn::Vec<D>* v) {
+  constexpr std::size_t kBlocks = hn::MaxLanes(D()) / 4;
+  if constexpr (kBlocks <= 1) {
+    return v[0];
   } else {
     const hn::Half<D> dh;
-    StoreBlockTotals(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), sums);
+    hn::Vec<hn::Half<D>> folded[kBlocks];  // folded[i]: v[i]'s halves added
+    for (std::size_t i = 0; i < kBlocks; i += 2) {
+      const auto pair = hn::Add(hn::ConcatLowerLower(d, v[i + 1], v[i]), hn::ConcatUpperUpper(d, v[i + 1], v[i]));
+      folded[i] = hn::LowerHalf(dh, pair);
+      folded[i + 1] = hn::UpperHalf(dh, pair);
+    }
+    return hn::Combine(d, BlockTotals(dh, folded + kBlocks / 2), BlockTotals(dh, folded));
   }
 }
 
-// sums[i] = Σ lanes of acc[i], i < M: four vectors at a time (sums has M rounded up to 4).
+// sums[i] = Σ lanes of acc[i] for i < M, a vector of sums at a time (sums holds M rounded
+// up to whole vectors; the lanes past M get 0).
 template <int M>
 HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
   const DF df;
-  for (int i = 0; i < M; i += 4) {
-    const auto at = [&](int j) { return i + j < M ? acc[i + j] : hn::Zero(df); };
-    StoreBlockTotals(df, BlockSums4(at(0), at(1), at(2), at(3)), sums + i);
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF())), kBlocks = N / 4;
+  for (int i = 0; i < M; i += N) {
+    VF blocks[kBlocks];  // blocks[b]: BlockSums4 of acc[i + 4b, i + 4b + 4)
+    for (int b = 0; b < kBlocks; ++b) {
+      const auto at = [&](int j) { return i + 4 * b + j < M ? acc[i + 4 * b + j] : hn::Zero(df); };
+      blocks[b] = BlockSums4(at(0), at(1), at(2), at(3));
+    }
+    hn::Store(BlockTotals(df, blocks), df, sums + i);
   }
 }
 #else
@@ -135,11 +151,22 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
 }
 #endif
 
+// Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
+// element i / group (a key's scale to its rows' scores).
+HWY_INLINE auto SpreadIndices(std::int64_t group) {
+  HWY_ALIGN std::int32_t index[HWY_MAX_BYTES / sizeof(float)];
+  for (std::size_t i = 0; i < hn::Lanes(DF()); ++i)
+    index[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) / group);
+  return hn::SetTableIndices(DF(), index);
+}
+
 // Keys [c, c + Keys) against R query rows q (row-major, R × E): the scores (times the
-// keys' scales, if k_scale) into st[(c + k)·st_stride + r].
-template <int R, int Keys, class T>
+// keys' scales, if k_scale: spread = SpreadIndices(R)) into st[(c + k)·st_stride + r].
+// k_scale is read up to N − 1 floats past the keys.
+template <int R, int Keys, class T, class Spread>
 HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const std::byte* const* k_rows,
-                             std::int64_t c, const float* k_scale, float* HWY_RESTRICT st, std::size_t st_stride) {
+                             std::int64_t c, const float* k_scale, Spread spread, float* HWY_RESTRICT st,
+                             std::size_t st_stride) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t whole = E / N * N;
@@ -157,12 +184,22 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
       for (int k = 0; k < Keys; ++k) acc[k * R + r] = hn::MulAdd(qv, x[k], acc[k * R + r]);
     }
   }
-  HWY_ALIGN float sums[(M + 3) / 4 * 4];
+  constexpr int kMaxN = static_cast<int>(hn::MaxLanes(DF()));
+  HWY_ALIGN float sums[(M + kMaxN - 1) / kMaxN * kMaxN];
   SumsOfLanes<M>(acc, sums);
   if (HWY_UNLIKELY(whole < E))  // the dims past whole vectors
     for (int k = 0; k < Keys; ++k)
       for (int r = 0; r < R; ++r)
         for (std::int64_t e = whole; e < E; ++e) sums[k * R + r] += q[r * E + e] * ToFloat(RowAt<T>(k_rows, c + k), e);
+  if (st_stride == static_cast<std::size_t>(R)) {  // a dense Sᵀ: the keys' scores lie in sums' order
+    if (k_scale != nullptr)
+      for (int i = 0; i < M; i += static_cast<int>(N)) {
+        const VF factor = hn::TableLookupLanes(hn::LoadU(df, k_scale + c + i / R), spread);
+        hn::Store(hn::Mul(hn::Load(df, sums + i), factor), df, sums + i);
+      }
+    std::copy(sums, sums + M, st + c * R);
+    return;
+  }
   // (A scale of 1 leaves a float32 score's bits as they are: no branch per score.)
   for (int k = 0; k < Keys; ++k) {
     const float factor = k_scale != nullptr ? k_scale[c + k] : 1.0f;
@@ -189,9 +226,50 @@ template <int R, class T>
 HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const std::byte* const* k_rows, std::int64_t cols,
                                    const float* k_scale, float* st, std::size_t st_stride) {
   constexpr int kKeys = RegisterBlock<R>();
+  const auto spread = SpreadIndices(R);
   std::int64_t c = 0;
-  for (; c + kKeys <= cols; c += kKeys) RowScoreKeys<R, kKeys, T>(q, E, k_rows, c, k_scale, st, st_stride);
-  for (; c < cols; ++c) RowScoreKeys<R, 1, T>(q, E, k_rows, c, k_scale, st, st_stride);
+  for (; c + kKeys <= cols; c += kKeys) RowScoreKeys<R, kKeys, T>(q, E, k_rows, c, k_scale, spread, st, st_stride);
+  for (; c < cols; ++c) RowScoreKeys<R, 1, T>(q, E, k_rows, c, k_scale, spread, st, st_stride);
+}
+
+// ot[d·stride + r] += lane d mod N of acc[r][d / N], for R rows and the V·N dims d.
+template <int R, int V>
+HWY_INLINE void AddTransposed(const VF (&acc)[R][V], float* HWY_RESTRICT ot, std::int64_t stride) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4
+  // 4 rows at a time, by a 4 × 4 transpose in each block: one vector add a dim for the 4
+  // rows, where a scalar add per row and dim (a load, an add and a store each) was the
+  // kernel's costliest part after its loop. Rows past R add 0 to Oᵀ's padding lanes
+  // (rows is a multiple of 4 here).
+  const hn::Repartition<double, DF> d64;  // (double: no int/float domain crossing)
+  const hn::CappedTag<float, 4> d4;
+  for (int r0 = 0; r0 < R; r0 += 4)
+    for (int v = 0; v < V; ++v) {
+      const auto row = [&](int r) { return r0 + r < R ? acc[r0 + r][v] : hn::Zero(df); };
+      const auto t01 = hn::BitCast(d64, hn::InterleaveLower(df, row(0), row(1)));  // per block: dims 0, 1
+      const auto t23 = hn::BitCast(d64, hn::InterleaveLower(df, row(2), row(3)));
+      const auto u01 = hn::BitCast(d64, hn::InterleaveUpper(df, row(0), row(1)));  // dims 2, 3
+      const auto u23 = hn::BitCast(d64, hn::InterleaveUpper(df, row(2), row(3)));
+      const VF dims[4] = {
+          hn::BitCast(df, hn::InterleaveLower(d64, t01, t23)), hn::BitCast(df, hn::InterleaveUpper(d64, t01, t23)),
+          hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)), hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23))};
+      for (int m = 0; m < 4; ++m) {  // dims[m], block j: dim 4j + m's 4 rows
+        hn::Store(dims[m], df, lanes);
+        for (std::int64_t j = 0; j < N / 4; ++j) {
+          float* at = ot + (v * N + 4 * j + m) * stride + r0;
+          hn::Store(hn::Add(hn::Load(d4, at), hn::Load(d4, lanes + 4 * j)), d4, at);
+        }
+      }
+    }
+#else
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      hn::Store(acc[r][v], df, lanes);
+      for (std::int64_t i = 0; i < N; ++i) ot[(v * N + i) * stride + r] += lanes[i];
+    }
+#endif
 }
 
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
@@ -216,12 +294,7 @@ HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps,
       for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(p, x[v], acc[r][v]);
     }
   }
-  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      hn::Store(acc[r][v], df, lanes);
-      for (std::int64_t i = 0; i < N; ++i) ot[(d0 + v * N + i) * stride + r] += lanes[i];
-    }
+  AddTransposed<R, V>(acc, ot + d0 * stride, stride);
 }
 
 // Oᵀ += … for the dims from d on, in blocks of V vectors, then V/2, …, 1, while whole
@@ -386,9 +459,7 @@ inline VF DenseSoftmax(float* st, std::int64_t columns, std::int64_t group, floa
 inline void DenseScaleColumns(float* st, std::int64_t group, std::int64_t cols, const float* factor) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  HWY_ALIGN std::int32_t column_of_lane[HWY_MAX_BYTES / sizeof(float)];
-  for (std::int64_t i = 0; i < N; ++i) column_of_lane[i] = static_cast<std::int32_t>(i / group);
-  const auto spread = hn::SetTableIndices(df, column_of_lane);
+  const auto spread = SpreadIndices(group);
   for (std::int64_t c = 0; c < cols; c += N / group) {
     float* at = st + c * group;
     hn::Store(hn::Mul(hn::Load(df, at), hn::TableLookupLanes(hn::LoadU(df, factor + c), spread)), df, at);

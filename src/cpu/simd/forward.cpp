@@ -115,10 +115,12 @@ struct Scratch {
     row_buffer = allocate_aligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
     alibi_lanes = allocate_aligned<float>(2 * rows);
     row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
-    k_scale = allocate_aligned<float>(kKeyTile);
-    // (N more: DenseScaleColumns reads a vector's worth past the tile.)
-    v_scale = allocate_aligned<float>(kKeyTile + hn::Lanes(DF()));
-    std::fill(v_scale.get(), v_scale.get() + kKeyTile + hn::Lanes(DF()), 0.0f);
+    // (N − 1 more: the decode kernels read a vector of scales from any key of the tile.)
+    const std::size_t scales = kKeyTile + hn::Lanes(DF());
+    k_scale = allocate_aligned<float>(scales);
+    v_scale = allocate_aligned<float>(scales);
+    std::fill(k_scale.get(), k_scale.get() + scales, 0.0f);
+    std::fill(v_scale.get(), v_scale.get() + scales, 0.0f);
     k_rows.resize(kKeyTile + kRowsAhead);
     v_rows.resize(kKeyTile + kRowsAhead);
     if (bf16_path) {
