@@ -431,13 +431,15 @@ class Task {
   // found the max m_old before it.
   void RescaleOutputs(Subtile& t, std::size_t lane0, VF m_old, VF alpha) {
     const DF df;
-    // Nothing to rescale while Oᵀ is fresh (not written yet), nor while no lane has
-    // seen a key (m = −inf in every lane, after tiles the band hid): Oᵀ holds only +0,
-    // or NaN from a NaN or infinite value under a zero weight, and α = 0 would leave it
-    // so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose max rises
-    // that far between tiles must still have its Oᵀ zeroed.)
-    if (t.ot_fresh || hn::AllTrue(df, hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)))))
-      return;
+    // Nothing to rescale while Oᵀ is fresh (not written yet), nor where every lane is
+    // left as it is: a lane whose max did not rise (α = 1, the usual case once a decode
+    // has seen a few tiles: x · 1 is x, NaN included), or one that has seen no key yet
+    // (m = −inf, after tiles the band hid; and the padding lanes of a dense Sᵀ): Oᵀ holds
+    // only +0 there, or NaN from a NaN or infinite value under a zero weight, and α = 0
+    // would leave it so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose
+    // max rises that far between tiles must still have its Oᵀ zeroed.)
+    const auto unseen = hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)));
+    if (t.ot_fresh || hn::AllTrue(df, hn::Or(hn::Eq(alpha, hn::Set(df, 1.0f)), unseen))) return;
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // (not reloaded after each store)
     float* ot = t.ot.get() + lane0;
     for (std::size_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
