@@ -147,7 +147,8 @@ TEST_F(EveryTarget, HalfInfinityAndNaNInKeysAndValuesPropagate) {
 // A decode task without lane-by-lane modifiers runs its softmax on a dense Sᵀ
 // (decode_rows-inl.h: DenseSoftmaxStep); asking for the weights keeps the tiles' layout.
 // Both must give each row the same bits (output and lse): every row count 1–8, several
-// key tiles and a partial one, a bool mask (applied at the dense stride), on every target.
+// key tiles and a partial one, keys split in parts whose states are merged (S >= 4096),
+// a bool mask (applied at the dense stride), on every target.
 TEST_F(EveryTarget, DenseDecodeSoftmaxGivesTheTilesBits) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     Choose(target);
@@ -155,33 +156,32 @@ TEST_F(EveryTarget, DenseDecodeSoftmaxGivesTheTilesBits) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 4);
     for (DType dtype : {DType::float32, DType::bfloat16, DType::int8})
       for (bool masked : {false, true})
-        for (std::int64_t rows = 1; rows <= 8; ++rows) {
-          SCOPED_TRACE(std::string(dtype_name(dtype)) + (masked ? ", masked" : "") +
-                       ", rows = " + std::to_string(rows));
-          const std::int64_t S = 300;
-          const DType q_dtype = dtype == DType::int8 ? DType::float32 : dtype;
-          const Tensor q = random_tensor(q_dtype, {1, rows, 1, 40}, rng),
-                       k = random_tensor(q_dtype, {1, 1, S, 40}, rng), v = random_tensor(q_dtype, {1, 1, S, 24}, rng);
-          Tensor mask(DType::boolean, {1, S});
-          for (std::int64_t j = 0; j < S; ++j) mask.set(j, j % 7 == 3 || (j >= 100 && j < 200) ? 0.0 : 1.0);
-          Options options;
-          options.num_threads = 1;  // (no split of the keys, whose merge would differ)
-          if (masked) options.mask = mask.view();
-          TensorView keys = k.view(), values = v.view();
-          QuantizedKV k8, v8;
-          if (dtype == DType::int8) {
-            k8 = quantize_kv(keys);
-            v8 = quantize_kv(values);
-            keys = k8.values.view();
-            values = v8.values.view();
-            options.key_scale = k8.scale.view();
-            options.value_scale = v8.scale.view();
+        for (std::int64_t S : {300, 5000})
+          for (std::int64_t rows = 1; rows <= 8; ++rows) {
+            SCOPED_TRACE(std::string(dtype_name(dtype)) + (masked ? ", masked" : "") + ", S = " + std::to_string(S) +
+                         ", rows = " + std::to_string(rows));
+            const DType q_dtype = dtype == DType::int8 ? DType::float32 : dtype;
+            const Tensor q = random_tensor(q_dtype, {1, rows, 1, 40}, rng),
+                         k = random_tensor(q_dtype, {1, 1, S, 40}, rng), v = random_tensor(q_dtype, {1, 1, S, 24}, rng);
+            Tensor mask(DType::boolean, {1, S});
+            for (std::int64_t j = 0; j < S; ++j) mask.set(j, j % 7 == 3 || (j >= 100 && j < 200) ? 0.0 : 1.0);
+            Options options;
+            if (masked) options.mask = mask.view();
+            TensorView keys = k.view(), values = v.view();
+            QuantizedKV k8, v8;
+            if (dtype == DType::int8) {
+              k8 = quantize_kv(keys);
+              v8 = quantize_kv(values);
+              keys = k8.values.view();
+              values = v8.values.view();
+              options.key_scale = k8.scale.view();
+              options.value_scale = v8.scale.view();
+            }
+            const ForwardResult dense = forward(q.view(), keys, values, options, Returns{false, true});
+            const ForwardResult tiles = forward(q.view(), keys, values, options, Returns{true, true});
+            EXPECT_TRUE(bitwise_equal(dense.output, tiles.output));
+            EXPECT_TRUE(bitwise_equal(dense.lse, tiles.lse));
           }
-          const ForwardResult dense = forward(q.view(), keys, values, options, Returns{false, true});
-          const ForwardResult tiles = forward(q.view(), keys, values, options, Returns{true, true});
-          EXPECT_TRUE(bitwise_equal(dense.output, tiles.output));
-          EXPECT_TRUE(bitwise_equal(dense.lse, tiles.lse));
-        }
   }
 }
 

@@ -8,9 +8,11 @@
 // into a tile:
 //   st[c][r] = s^K_c · Σ_e q[r][e] · k_c[e]          (q pre-scaled by scale · log2(e); s^K only for int8)
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
-// Results stay in the transposed (Sᵀ, Oᵀ) layout the rest of the forward uses. float32
-// decoding took these for the tiles on 2026-11-27 (10–26 % faster on the Cascade Lake
-// Xeon of bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×).
+// Oᵀ stays in the transposed layout the rest of the forward uses (a dim a row, a query
+// row a lane); Sᵀ is either that layout's (a key every vector or two of rows) or dense
+// (a key every G floats: DenseSoftmaxStep below), st_stride apart. float32 decoding took these for the
+// tiles on 2026-11-27 (10–26 % faster on the Cascade Lake Xeon of bench/RESULTS.md),
+// bfloat16 and float16 later that day (2.0–2.3×).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -147,7 +149,9 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
 template <int M>
 HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
   const DF df;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   for (int i = 0; i < M; ++i) sums[i] = hn::GetLane(hn::SumOfLanes(df, acc[i]));
+  for (int i = M; i < (M + N - 1) / N * N; ++i) sums[i] = 0.0f;  // as the x86 version's
 }
 #endif
 
@@ -391,7 +395,8 @@ inline std::int64_t DenseColumns(std::int64_t cols, std::int64_t group) {
 // of G: turns Sᵀ into Pᵀ in place, updates m and l (the running max and sum, row r at
 // lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
 // gets the bits of the tiles' step (Task::UpdateSoftmax): the same Exp2 of the same
-// differences; the max, exact in any order; and the same sums: column c in chain c mod 4,
+// differences; the max (the same in any order, but for NaN: a row with a NaN score is
+// NaN in both, its m may differ); and the same sums: column c in chain c mod 4,
 // each chain in column order (read back from Pᵀ a quad of columns, 4·G floats, at a
 // time), the chains then added as (0 + 1) + (2 + 3).
 template <std::int64_t G>
@@ -443,7 +448,8 @@ HWY_INLINE VF DenseSoftmaxStep(float* HWY_RESTRICT st, std::int64_t columns, flo
 // of two no greater than the lanes.
 template <std::int64_t G = 1, class F>
 HWY_INLINE auto WithGroup(std::int64_t group, F f) {
-  if constexpr (G >= static_cast<std::int64_t>(hn::MaxLanes(DF()))) {
+  constexpr auto kLargest = std::min(static_cast<std::int64_t>(hn::MaxLanes(DF())), kFewRows);
+  if constexpr (G >= kLargest) {
     return f(std::integral_constant<std::int64_t, G>());
   } else {
     if (group == G) return f(std::integral_constant<std::int64_t, G>());
@@ -457,7 +463,8 @@ inline VF DenseSoftmax(float* st, std::int64_t columns, std::int64_t group, floa
 
 // Pᵀ's column c times factor[c] for c < cols (int8 V's scales) on a dense Sᵀ: a
 // vector's N/group columns take their factors by one table lookup. Reads factor up to
-// N − 1 floats past cols.
+// N − 1 floats past cols, and scales the padding columns of the last vector too (which
+// P·V does not read: they may turn NaN).
 inline void DenseScaleColumns(float* st, std::int64_t group, std::int64_t cols, const float* factor) {
   const DF df;
   const auto N = static_cast<std::int64_t>(hn::Lanes(df));

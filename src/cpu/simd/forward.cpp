@@ -24,7 +24,8 @@
 //
 // Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
 // (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
-// rows in place with lanes along E and Ev.
+// rows in place with lanes along E and Ev (its sums of products are horizontal), and,
+// without lane-by-lane modifiers, runs the softmax on a dense Sᵀ (several keys a vector).
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
@@ -115,7 +116,8 @@ struct Scratch {
     row_buffer = allocate_aligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
     alibi_lanes = allocate_aligned<float>(2 * rows);
     row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
-    // (N − 1 more: the decode kernels read a vector of scales from any key of the tile.)
+    // (N more: the decode kernels read a vector of scales from any key of the tile, up
+    // to N − 1 past it.)
     const std::size_t scales = kKeyTile + hn::Lanes(DF());
     k_scale = allocate_aligned<float>(scales);
     v_scale = allocate_aligned<float>(scales);
@@ -367,7 +369,7 @@ class Task {
     if (p_.key_scale.present() && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, s_.k_scale.get());
     padded_cols_ = padded;
     if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, kVectors, nullptr, 0);
-    for (std::int64_t c = cols; c < padded; ++c) std::fill(st + c * stride, st + (c + 1) * stride, kMinusInf);
+    std::fill(st + cols * stride, st + padded * stride, kMinusInf);  // (the columns lie in a row)
 
     // (Softcap and ALiBi work lane by lane: never on the dense Sᵀ.)
     bool any_visible = true;
@@ -474,10 +476,12 @@ class Task {
         PointRows(p_.value, j0, tile_cols, end, s_.v_rows);
         values_loaded_ = true;
       }
-      if (p_.value_scale.present() && dense_group_ > 0)
-        DenseScaleColumns(s_.st.get(), dense_group_, cols, s_.v_scale.get());
-      else if (p_.value_scale.present())
-        ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
+      if (p_.value_scale.present()) {
+        if (dense_group_ > 0)
+          DenseScaleColumns(s_.st.get(), dense_group_, cols, s_.v_scale.get());
+        else
+          ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
+      }
       RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
                     s_.rows);
       return;
