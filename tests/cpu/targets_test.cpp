@@ -23,6 +23,24 @@ class EveryTarget : public ::testing::Test {
   void TearDown() override { Choose(0); }
 };
 
+// K and V as given, or for dtype int8 quantized with a scale per row (quantize_kv),
+// the scales set in `options`. Not copyable: the views point into its own tensors.
+struct KeysAndValues {
+  QuantizedKV k8, v8;
+  TensorView keys, values;
+  KeysAndValues(const Tensor& k, const Tensor& v, DType dtype, Options& options) : keys(k.view()), values(v.view()) {
+    if (dtype != DType::int8) return;
+    k8 = quantize_kv(keys);
+    v8 = quantize_kv(values);
+    keys = k8.values.view();
+    values = v8.values.view();
+    options.key_scale = k8.scale.view();
+    options.value_scale = v8.scale.view();
+  }
+  KeysAndValues(const KeysAndValues&) = delete;
+  KeysAndValues& operator=(const KeysAndValues&) = delete;
+};
+
 TEST_F(EveryTarget, MatchesOracle) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   EXPECT_GE(targets.size(), 2u) << "expected at least one SIMD target and a fallback";
@@ -100,17 +118,8 @@ TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
                        k = random_tensor(q_dtype, {1, 1, 150, E}, rng),
                        v = random_tensor(q_dtype, {1, 1, 150, Ev}, rng);
           Options options;
-          TensorView keys = k.view(), values = v.view();
-          QuantizedKV k8, v8;
-          if (dtype == DType::int8) {
-            k8 = quantize_kv(keys);
-            v8 = quantize_kv(values);
-            keys = k8.values.view();
-            values = v8.values.view();
-            options.key_scale = k8.scale.view();
-            options.value_scale = v8.scale.view();
-          }
-          const Agreement a = compare_with_oracle(q.view(), keys, values, options);
+          const KeysAndValues kv(k, v, dtype, options);
+          const Agreement a = compare_with_oracle(q.view(), kv.keys, kv.values, options);
           EXPECT_TRUE(a.ok()) << a.describe();
         }
   }
@@ -167,18 +176,9 @@ TEST_F(EveryTarget, DenseDecodeSoftmaxGivesTheTilesBits) {
             for (std::int64_t j = 0; j < S; ++j) mask.set(j, j % 7 == 3 || (j >= 100 && j < 200) ? 0.0 : 1.0);
             Options options;
             if (masked) options.mask = mask.view();
-            TensorView keys = k.view(), values = v.view();
-            QuantizedKV k8, v8;
-            if (dtype == DType::int8) {
-              k8 = quantize_kv(keys);
-              v8 = quantize_kv(values);
-              keys = k8.values.view();
-              values = v8.values.view();
-              options.key_scale = k8.scale.view();
-              options.value_scale = v8.scale.view();
-            }
-            const ForwardResult dense = forward(q.view(), keys, values, options, Returns{false, true});
-            const ForwardResult tiles = forward(q.view(), keys, values, options, Returns{true, true});
+            const KeysAndValues kv(k, v, dtype, options);
+            const ForwardResult dense = forward(q.view(), kv.keys, kv.values, options, Returns{false, true});
+            const ForwardResult tiles = forward(q.view(), kv.keys, kv.values, options, Returns{true, true});
             EXPECT_TRUE(bitwise_equal(dense.output, tiles.output));
             EXPECT_TRUE(bitwise_equal(dense.lse, tiles.lse));
           }

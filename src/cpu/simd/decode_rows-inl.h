@@ -10,9 +10,9 @@
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
 // Oᵀ stays in the transposed layout the rest of the forward uses (a dim a row, a query
 // row a lane); Sᵀ is either that layout's (a key every vector or two of rows) or dense
-// (a key every G floats: DenseSoftmaxStep below), st_stride apart. float32 decoding took these for the
-// tiles on 2026-11-27 (10–26 % faster on the Cascade Lake Xeon of bench/RESULTS.md),
-// bfloat16 and float16 later that day (2.0–2.3×).
+// (a key every G floats: DenseSoftmaxStep below), st_stride apart. float32 decoding
+// took these for the tiles on 2026-11-27 (10–26 % faster on the Cascade Lake Xeon of
+// bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -445,7 +445,7 @@ HWY_INLINE VF DenseSoftmaxStep(float* HWY_RESTRICT st, std::int64_t columns, flo
 }
 
 // f(std::integral_constant<std::int64_t, G>()) for the run-time group G = group, a power
-// of two no greater than the lanes.
+// of two no greater than the lanes or kFewRows.
 template <std::int64_t G = 1, class F>
 HWY_INLINE auto WithGroup(std::int64_t group, F f) {
   constexpr auto kLargest = std::min(static_cast<std::int64_t>(hn::MaxLanes(DF())), kFewRows);
