@@ -155,17 +155,6 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
 }
 #endif
 
-// Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
-// element i / group (a key's scale to its rows' scores).
-HWY_INLINE auto SpreadIndices(std::int64_t group) {
-  HWY_ALIGN std::int32_t index[HWY_MAX_BYTES / sizeof(float)];
-  const auto N = static_cast<std::int64_t>(hn::Lanes(DF()));
-  // (Counted, not divided: a division a lane, once a tile, cost a decode ~5 %.)
-  for (std::int64_t i = 0, element = 0; i < N; ++element)
-    for (std::int64_t k = 0; k < group && i < N; ++k) index[i++] = static_cast<std::int32_t>(element);
-  return hn::SetTableIndices(DF(), index);
-}
-
 // Keys [c, c + Keys) against R query rows q (row-major, R × E): the scores (times the
 // keys' scales, if k_scale: spread = SpreadIndices(R)) into st[(c + k)·st_stride + r].
 // k_scale is read up to N − 1 floats past the keys.
@@ -459,20 +448,6 @@ HWY_INLINE auto WithGroup(std::int64_t group, F f) {
 
 inline VF DenseSoftmax(float* st, std::int64_t columns, std::int64_t group, float* m, float* l) {
   return WithGroup(group, [&](auto g) { return DenseSoftmaxStep<decltype(g)::value>(st, columns, m, l); });
-}
-
-// Pᵀ's column c times factor[c] for c < cols (int8 V's scales) on a dense Sᵀ: a
-// vector's N/group columns take their factors by one table lookup. Reads factor up to
-// N − 1 floats past cols, and scales the padding columns of the last vector too (which
-// P·V does not read: they may turn NaN).
-inline void DenseScaleColumns(float* st, std::int64_t group, std::int64_t cols, const float* factor) {
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  const auto spread = SpreadIndices(group);
-  for (std::int64_t c = 0; c < cols; c += N / group) {
-    float* at = st + c * group;
-    hn::Store(hn::Mul(hn::Load(df, at), hn::TableLookupLanes(hn::LoadU(df, factor + c), spread)), df, at);
-  }
 }
 
 }  // namespace simd

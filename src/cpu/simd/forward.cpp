@@ -476,12 +476,7 @@ class Task {
         PointRows(p_.value, j0, tile_cols, end, s_.v_rows);
         values_loaded_ = true;
       }
-      if (p_.value_scale.present()) {
-        if (dense_group_ > 0)
-          DenseScaleColumns(s_.st.get(), dense_group_, cols, s_.v_scale.get());
-        else
-          ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
-      }
+      if (p_.value_scale.present()) ScaleColumns(s_.st.get(), ScoreStride(), cols, s_.v_scale.get());
       RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
                     s_.rows);
       return;

@@ -196,15 +196,38 @@ inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j
   for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, row(j0 + c), sizeof(float));
 }
 
-// xt[c·rows + ·] *= factor[c] for c < cols: a column of a transposed tile (Sᵀ, Pᵀ) times
-// its key's scale.
-inline void ScaleColumns(float* xt, std::size_t rows, std::int64_t cols, const float* factor) {
+// Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
+// element i / group (a key's scale to its rows' scores).
+HWY_INLINE auto SpreadIndices(std::int64_t group) {
+  HWY_ALIGN std::int32_t index[HWY_MAX_BYTES / sizeof(float)];
+  const auto N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  // (Counted, not divided: a division a lane, once a tile, cost a decode ~5 %.)
+  for (std::int64_t i = 0, element = 0; i < N; ++element)
+    for (std::int64_t k = 0; k < group && i < N; ++k) index[i++] = static_cast<std::int32_t>(element);
+  return hn::SetTableIndices(DF(), index);
+}
+
+// xt[c·stride + ·] *= factor[c] for c < cols: a column of a transposed tile (Sᵀ, Pᵀ)
+// times its key's scale. A stride of whole vectors (a column of rows) takes a broadcast
+// a column; a smaller one (a decode's dense Sᵀ, a power of two) puts N/stride columns in
+// a vector and takes their factors by one table lookup, reading factor up to N − 1
+// floats past cols and scaling the last vector's padding columns too (which P·V does not
+// read: they may turn NaN).
+inline void ScaleColumns(float* xt, std::size_t stride, std::int64_t cols, const float* factor) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
+  if (stride < N) {
+    const auto spread = SpreadIndices(static_cast<std::int64_t>(stride));
+    for (std::int64_t c = 0; c < cols; c += static_cast<std::int64_t>(N / stride)) {
+      float* at = xt + c * stride;
+      hn::Store(hn::Mul(hn::Load(df, at), hn::TableLookupLanes(hn::LoadU(df, factor + c), spread)), df, at);
+    }
+    return;
+  }
   for (std::int64_t c = 0; c < cols; ++c) {
     const VF f = hn::Set(df, factor[c]);
-    for (std::size_t lane0 = 0; lane0 < rows; lane0 += N)
-      hn::Store(hn::Mul(hn::Load(df, xt + c * rows + lane0), f), df, xt + c * rows + lane0);
+    for (std::size_t lane0 = 0; lane0 < stride; lane0 += N)
+      hn::Store(hn::Mul(hn::Load(df, xt + c * stride + lane0), f), df, xt + c * stride + lane0);
   }
 }
 
