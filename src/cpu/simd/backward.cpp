@@ -14,6 +14,11 @@
 //   dK[c][·]  += Σ_r dSᵀ[c][r] · Q[r][·]            (broadcast dSᵀ[c][r] against a Q row)
 // and at the end dQ·scale, dK·scale, dV. Five matrix products, as FlashAttention-2.
 //
+// bfloat16 Q, K and V on a CPU with `vdpbf16ps` (simd/bf16_kernels.h): the five products
+// take bfloat16 operands — Q, K, V and dO as given, P (Wᵀ) and dS rounded to bfloat16 as
+// FlashAttention's bf16 backward rounds them — and add in float32; the softmax, dS and D
+// stay float32 as above.
+//
 // Determinism without atomics: a task is (batch, KV head, key chunk). It owns dK and dV
 // of its keys, accumulated over every query row of the GQA group (rows flattened over
 // (group heads × L), in order), so they are stored once, complete. With one chunk the
@@ -34,6 +39,7 @@
 
 #include "common/backward_problem.h"
 #include "cpu/scratch.h"
+#include "cpu/simd/bf16_kernels.h"
 #include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -56,11 +62,16 @@ namespace {
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the forward
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// The vdpbf16ps kernels are written for 32-row subtiles of 16-lane vectors and their own
+// key blocks: the AVX-512 target's shape.
+constexpr bool kBf16KernelsFit =
+    HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock && kRankKeys == bf16::kRankKeys;
 
 // Two vectors of query rows, packed for the transposed kernels.
 struct Subtile : RowSet {
-  hwy::AlignedFreeUniquePtr<float[]> qt, dot, dqt;  // Qᵀ·scale·log2 e, dOᵀ, dQᵀ accumulators
+  hwy::AlignedFreeUniquePtr<float[]> qt, dot, dqt;  // Qᵀ·scale·log2 e (bfloat16: Qᵀ), dOᵀ, dQᵀ accumulators
   hwy::AlignedFreeUniquePtr<float[]> lse2, D;       // per row: lse·log2 e (+inf if fully masked), D
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp, dop;  // bfloat16: Q and dO pairs along E, Ev
 };
 
 // Everything one thread needs, 64-byte aligned.
@@ -79,15 +90,26 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> k_tile, v_tile, row_buffer, alibi_lanes;
   // dK and dV of the task's key chunk (chunk_keys × E_pad / Ev_pad).
   hwy::AlignedFreeUniquePtr<float[]> dk, dv;
+  // bfloat16 path: the block's Q and dO rows in pairs (for dK, dV); Wᵀ and dSᵀ rounded (as
+  // st, dpt); one subtile's dS pairs (for dQ); K and V rows; K in pairs of rows (for dQ).
+  bool bf16;
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q_pairs, do_pairs, st16, dpt16, pp, k16, v16, kp;
 
-  Scratch(const BackwardProblem& p, std::int64_t chunk_keys) : rows(2 * hn::Lanes(DF())), block_rows(kSubtiles * rows) {
+  Scratch(const BackwardProblem& p, std::int64_t chunk_keys, bool bf16_path)
+      : rows(2 * hn::Lanes(DF())), block_rows(kSubtiles * rows), bf16(bf16_path) {
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
     E_pad = RoundUp(p.E, N);
     Ev_pad = std::max<std::int64_t>(RoundUp(p.Ev, N), N);
     const std::int64_t Ev = std::max<std::int64_t>(p.Ev, 1);
+    // bfloat16: Qᵀ and dOᵀ get a zero row past an odd width, the partner of its last pair.
+    const std::int64_t E_even = RoundUp(p.E, 2), Ev_even = RoundUp(Ev, 2);
     for (Subtile& t : sub) {
-      t.qt = allocate_aligned<float>(p.E * rows);
-      t.dot = allocate_aligned<float>(Ev * rows);
+      t.qt = allocate_aligned<float>(E_even * rows);
+      t.dot = allocate_aligned<float>(Ev_even * rows);
+      if (bf16) {
+        t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
+        t.dop = allocate_aligned<std::uint16_t>(Ev_even * rows);
+      }
       t.dqt = allocate_aligned<float>(p.E * rows);
       t.lse2 = allocate_aligned<float>(rows);
       t.D = allocate_aligned<float>(rows);
@@ -105,7 +127,24 @@ struct Scratch {
     alibi_lanes = allocate_aligned<float>(2 * rows);
     dk = allocate_aligned<float>(chunk_keys * E_pad);
     dv = allocate_aligned<float>(chunk_keys * Ev_pad);
+    if (bf16) {
+      q_pairs = allocate_aligned<std::uint16_t>(block_rows * E_pad);
+      do_pairs = allocate_aligned<std::uint16_t>(block_rows * Ev_pad);
+      st16 = allocate_aligned<std::uint16_t>(kKeyTile * block_rows);
+      dpt16 = allocate_aligned<std::uint16_t>(kKeyTile * block_rows);
+      pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
+      k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
+      v16 = allocate_aligned<std::uint16_t>(kKeyTile * Ev_even);
+      kp = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
+    }
   }
+};
+
+// One key tile's K and V as the kernels read them: float32 rows, or bfloat16 rows.
+struct KeyValueTile {
+  const float *k = nullptr, *v = nullptr;
+  const std::uint16_t *k16 = nullptr, *v16 = nullptr;
+  std::int64_t k_stride = 0, v_stride = 0;
 };
 
 class Task {
@@ -210,33 +249,62 @@ class Task {
       // Qᵀ and dOᵀ from the zero-padded row-major copies, padding rows included.
       const auto E = static_cast<std::size_t>(p_.E), Ev = static_cast<std::size_t>(p_.Ev);
       Transpose(s_.q_rows.get() + g * R * s_.E_pad, static_cast<std::size_t>(s_.E_pad), s_.rows, E, t.qt.get(), s_.rows);
-      for (std::size_t x = 0; x < E * s_.rows; ++x) t.qt[x] *= c;
       Transpose(s_.do_rows.get() + g * R * s_.Ev_pad, static_cast<std::size_t>(s_.Ev_pad), s_.rows, Ev, t.dot.get(),
                 s_.rows);
+      if (s_.bf16) {  // pairs along E and Ev of the unscaled values (score_block scales)
+        PairsAlongWidth(t.qt.get(), p_.E, t.qp.get());
+        PairsAlongWidth(t.dot.get(), p_.Ev, t.dop.get());
+      } else {
+        for (std::size_t x = 0; x < E * s_.rows; ++x) t.qt[x] *= c;
+      }
     }
+    if (s_.bf16) {
+      const auto pairs = static_cast<std::int64_t>(s_.block_rows / 2);
+      bf16::pack_pairs(s_.q_rows.get(), s_.E_pad, pairs, s_.E_pad, s_.q_pairs.get());
+      bf16::pack_pairs(s_.do_rows.get(), s_.Ev_pad, pairs, s_.Ev_pad, s_.do_pairs.get());
+    }
+  }
+
+  // xp[w/2][r][2] = (xᵀ[w][r], xᵀ[w+1][r]) from the transposed rows xᵀ (width × rows), an
+  // odd width's last pair with a zero partner (xᵀ has room for a row past it).
+  void PairsAlongWidth(float* xt, std::int64_t width, std::uint16_t* xp) const {
+    const auto R = static_cast<std::int64_t>(s_.rows);
+    if (width % 2) std::fill(xt + width * R, xt + (width + 1) * R, 0.0f);
+    bf16::pack_pairs(xt, R, (width + 1) / 2, R, xp);
   }
 
   // Keys [j0, j0+cols) of the chunk (the block's rows see none past them).
   void KeyTile(std::int64_t j0, std::int64_t cols, std::int64_t row_count) {
     const std::int64_t padded = RoundUp(cols, kKeyBlock);
-    std::int64_t k_stride, v_stride = 0;
-    const float* k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &k_stride);
-    const float* v = p_.Ev == 0 ? s_.v_tile.get()  // Ev = 0: dP = 0, and V may have no memory
-                                : KeyValueRows(p_.value, kvm_, j0, cols, padded, p_.Ev, s_.v_tile.get(), &v_stride);
+    KeyValueTile kv;
+    if (s_.bf16) {  // (Ev > 0 there)
+      kv.k16 = Bf16Rows(p_.key, kvm_, j0, cols, padded, p_.E, true, s_.k16.get(), &kv.k_stride);
+      kv.v16 = Bf16Rows(p_.value, kvm_, j0, cols, padded, p_.Ev, true, s_.v16.get(), &kv.v_stride);
+      packed_key_rows_ = 0;
+    } else {
+      kv.k = KeyValueRows(p_.key, kvm_, j0, cols, padded, p_.E, s_.k_tile.get(), &kv.k_stride);
+      kv.v = p_.Ev == 0 ? s_.v_tile.get()  // Ev = 0: dP = 0, and V may have no memory
+                        : KeyValueRows(p_.value, kvm_, j0, cols, padded, p_.Ev, s_.v_tile.get(), &kv.v_stride);
+    }
     const std::int64_t R = static_cast<std::int64_t>(s_.rows);
     const std::size_t BR = s_.block_rows;
     std::int64_t first_active = -1, last_active = -1;
     for (std::int64_t g = 0; g < subtiles_; ++g) {
       Subtile& t = s_.sub[g];
       const std::int64_t visible = std::min(cols, t.key_limit - j0);
-      if (visible <= 0 || j0 + visible <= t.key_start || !Gradients(t, g, j0, visible, padded, k, k_stride, v, v_stride)) {
+      if (visible <= 0 || j0 + visible <= t.key_start || !Gradients(t, g, j0, visible, padded, kv)) {
         if (key_gradients_) ZeroColumns(g, padded);  // the rank updates below read every row of the block
         continue;
       }
       if (first_active < 0) first_active = g;
       last_active = g;
       // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
-      if (query_gradient_) simd::Accumulate(s_.dpt.get() + g * R, BR, visible, k, k_stride, p_.E, t.dqt.get(), s_.rows);
+      if (query_gradient_) {
+        if (s_.bf16)
+          QueryGradientBf16(t, g, visible, cols, kv);
+        else
+          simd::Accumulate(s_.dpt.get() + g * R, BR, visible, kv.k, kv.k_stride, p_.E, t.dqt.get(), s_.rows);
+      }
     }
     if (first_active < 0 || !key_gradients_) return;
     // dV += Wᵀ ⊗ dO rows, dK += dSᵀ ⊗ Q rows, over the rows of the active subtiles.
@@ -244,9 +312,47 @@ class Task {
     const std::int64_t rank_cols = RoundUp(cols, kRankKeys);
     float* dv = s_.dv.get() + (j0 - key_begin_) * s_.Ev_pad;
     float* dk = s_.dk.get() + (j0 - key_begin_) * s_.E_pad;
+    if (s_.bf16) {
+      KeyGradientsBf16(r0, r1, rank_cols, dk, dv);
+      return;
+    }
     for (std::int64_t c = 0; c < rank_cols; c += kRankKeys) {
       RankUpdates(s_.st.get() + c * BR, r0, r1, s_.do_rows.get(), s_.Ev_pad, dv + c * s_.Ev_pad);
       RankUpdates(s_.dpt.get() + c * BR, r0, r1, s_.q_rows.get(), s_.E_pad, dk + c * s_.E_pad);
+    }
+  }
+
+  // dQᵀ += K ⊗ dSᵀ on vdpbf16ps: dS of subtile g and K rows in pairs of keys, the pairs
+  // stopping at `visible` (an odd count packs its last key with a zero partner, so the
+  // keys past it, whose dS is 0, add no 0·K: K may be NaN there). K is packed once per
+  // tile for every subtile that sees the same keys.
+  void QueryGradientBf16(Subtile& t, std::int64_t g, std::int64_t visible, std::int64_t cols, const KeyValueTile& kv) {
+    const std::int64_t pack_rows = visible % 2 ? visible : cols;
+    if (packed_key_rows_ != pack_rows) {
+      bf16::pack_values(kv.k16, kv.k_stride, pack_rows, p_.E, s_.kp.get());
+      packed_key_rows_ = pack_rows;
+    }
+    const std::int64_t pairs = (visible + 1) / 2;
+    bf16::pack_pairs(s_.dpt.get() + g * s_.rows, static_cast<std::int64_t>(s_.block_rows), pairs, bf16::kRows,
+                     s_.pp.get());
+    bf16::accumulate(s_.pp.get(), pairs, s_.kp.get(), p_.E, t.dqt.get());
+  }
+
+  // dV += Wᵀ ⊗ dO rows and dK += dSᵀ ⊗ Q rows over rows [r0, r1) on vdpbf16ps, the rows
+  // in pairs: Wᵀ and dSᵀ rounded to bfloat16, and an odd r1's partner row (padding, whose
+  // Q and dO rows are 0 but whose W or dS may be NaN from a NaN key) given weight 0.
+  void KeyGradientsBf16(std::int64_t r0, std::int64_t r1, std::int64_t rank_cols, float* dk, float* dv) {
+    const auto BR = static_cast<std::int64_t>(s_.block_rows);
+    bf16::round_floats(s_.st.get(), rank_cols * BR, s_.st16.get());
+    bf16::round_floats(s_.dpt.get(), rank_cols * BR, s_.dpt16.get());
+    if (r1 % 2)
+      for (std::int64_t c = 0; c < rank_cols; ++c) s_.st16[c * BR + r1] = s_.dpt16[c * BR + r1] = 0;
+    const std::int64_t pair0 = r0 / 2, pair1 = (r1 + 1) / 2;
+    for (std::int64_t c = 0; c < rank_cols; c += bf16::kRankKeys) {
+      bf16::rank_update(s_.st16.get() + c * BR, BR, pair0, pair1, s_.do_pairs.get(), s_.Ev_pad, dv + c * s_.Ev_pad,
+                        s_.Ev_pad);
+      bf16::rank_update(s_.dpt16.get() + c * BR, BR, pair0, pair1, s_.q_pairs.get(), s_.E_pad, dk + c * s_.E_pad,
+                        s_.E_pad);
     }
   }
 
@@ -272,13 +378,18 @@ class Task {
   // Wᵀ into st and dSᵀ into dpt for subtile g against keys [j0, j0+padded), of which the
   // first `visible` may be seen. Returns false when the mask hides every one.
   bool Gradients(const Subtile& t, std::int64_t g, std::int64_t j0, std::int64_t visible, std::int64_t padded,
-                 const float* k, std::int64_t k_stride, const float* v, std::int64_t v_stride) {
+                 const KeyValueTile& kv) {
     const DF df;
     const std::size_t R = s_.rows, BR = s_.block_rows;
     float* st = s_.st.get() + g * R;
     float* dpt = s_.dpt.get() + g * R;
+    const float log2_scale = static_cast<float>(p_.scale * kLog2e);
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-      ScoreBlock(t.qt.get(), R, p_.E, k + c * k_stride, k_stride, st + c * BR, BR);
+      if (s_.bf16)
+        bf16::score_block(t.qp.get(), (p_.E + 1) / 2, kv.k16 + c * kv.k_stride, kv.k_stride, log2_scale, st + c * BR,
+                          static_cast<std::int64_t>(BR));
+      else
+        ScoreBlock(t.qt.get(), R, p_.E, kv.k + c * kv.k_stride, kv.k_stride, st + c * BR, BR);
     const bool softcap = p_.softcap > 0.0;
     if (softcap) Softcap(p_, st, BR, padded, 2, s_.tanh_t.get(), R);
     for (std::int64_t c = visible; c < padded; ++c) std::fill(st + c * BR, st + c * BR + R, kMinusInf);
@@ -286,7 +397,11 @@ class Task {
     if (p_.has_alibi()) AddAlibi(p_, t, st, BR, j0, visible, 2, s_.alibi_lanes.get());
     ApplyBand(t, st, BR, j0, visible);
     for (std::int64_t c = 0; c < padded; c += kKeyBlock)
-      ScoreBlock(t.dot.get(), R, p_.Ev, v + c * v_stride, v_stride, dpt + c * BR, BR);
+      if (s_.bf16)
+        bf16::score_block(t.dop.get(), (p_.Ev + 1) / 2, kv.v16 + c * kv.v_stride, kv.v_stride, 1.0f, dpt + c * BR,
+                          static_cast<std::int64_t>(BR));
+      else
+        ScoreBlock(t.dot.get(), R, p_.Ev, kv.v + c * kv.v_stride, kv.v_stride, dpt + c * BR, BR);
 
     const bool dropping = p_.dropout_p > 0.0;
     if (dropping) DropoutFactors(p_, p_.first_batch + b_, t, j0, visible, padded, s_.zt.get(), R);
@@ -359,6 +474,7 @@ class Task {
   const std::size_t n_;
   std::int64_t b_ = 0, kvm_ = 0, key_begin_ = 0, subtiles_ = 0;
   bool key_gradients_ = true, query_gradient_ = true;  // what this pass computes
+  std::int64_t packed_key_rows_ = 0;                   // bfloat16: keys of this tile in kp
 };
 
 }  // namespace
@@ -370,7 +486,9 @@ void BackwardFloat32(const BackwardProblem& p) {
   const BackwardSchedule work = schedule_backward(p, threads, kKeyTile, block_rows);
 
   const bool parallel = work.tasks() > 1 || work.chunks > 1;
-  const auto scratch_of_thread = scratch_per_thread<Scratch>(parallel ? threads : 1, p, work.chunk_keys);
+  const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
+                         p.value.dtype == DType::bfloat16 && p.E > 0 && p.Ev > 0 && bf16::supported();
+  const auto scratch_of_thread = scratch_per_thread<Scratch>(parallel ? threads : 1, p, work.chunk_keys, bf16_path);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
     Scratch& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];

@@ -43,6 +43,26 @@ SDPA_BF16_TARGET inline void accumulate_block(const std::uint16_t* pp, std::int6
   }
 }
 
+template <int Vectors>
+SDPA_BF16_TARGET inline void rank_block(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0,
+                                        std::int64_t pair1, const std::uint16_t* xp, std::int64_t width, float* acc,
+                                        std::int64_t acc_stride) {
+  __m512 a[kRankKeys][Vectors];
+  for (int c = 0; c < kRankKeys; ++c)
+    for (int v = 0; v < Vectors; ++v) a[c][v] = _mm512_loadu_ps(acc + c * acc_stride + v * 16);
+  for (std::int64_t p = pair0; p < pair1; ++p) {
+    __m512bh x[Vectors];
+    for (int v = 0; v < Vectors; ++v) x[v] = as_bh(_mm512_loadu_si512(xp + p * 2 * width + v * 32));
+#pragma GCC unroll 6
+    for (int c = 0; c < kRankKeys; ++c) {
+      const __m512bh w = broadcast_pair(wt + c * wt_stride + 2 * p);
+      for (int v = 0; v < Vectors; ++v) a[c][v] = _mm512_dpbf16_ps(a[c][v], x[v], w);
+    }
+  }
+  for (int c = 0; c < kRankKeys; ++c)
+    for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(acc + c * acc_stride + v * 16, a[c][v]);
+}
+
 }  // namespace
 
 bool supported() {
@@ -52,7 +72,7 @@ bool supported() {
 }
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,
-                                  std::int64_t k_stride, float scale, float* st) {
+                                  std::int64_t k_stride, float scale, float* st, std::int64_t st_stride) {
   __m512 acc0[kKeyBlock], acc1[kKeyBlock];
   for (int c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = _mm512_setzero_ps();
   for (std::int64_t p = 0; p < pairs; ++p) {
@@ -67,23 +87,32 @@ SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, c
   }
   const __m512 s = _mm512_set1_ps(scale);
   for (int c = 0; c < kKeyBlock; ++c) {
-    _mm512_store_ps(st + c * kRows, _mm512_mul_ps(acc0[c], s));
-    _mm512_store_ps(st + c * kRows + 16, _mm512_mul_ps(acc1[c], s));
+    _mm512_store_ps(st + c * st_stride, _mm512_mul_ps(acc0[c], s));
+    _mm512_store_ps(st + c * st_stride + 16, _mm512_mul_ps(acc1[c], s));
   }
 }
 
-SDPA_BF16_TARGET void pack_probabilities(const float* st, std::int64_t col_pairs, std::uint16_t* pp) {
+SDPA_BF16_TARGET void pack_pairs(const float* x, std::int64_t stride, std::int64_t pairs, std::int64_t width,
+                                 std::uint16_t* out) {
   // cvtne2ps_pbh(b, a) puts bf16(a) in the low 16 lanes and bf16(b) in the high 16;
-  // the permutation interleaves them into (P[r][c], P[r][c+1]) pairs.
+  // the permutation interleaves them into (x[2p][w], x[2p+1][w]) pairs.
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (std::int64_t cp = 0; cp < col_pairs; ++cp)
-    for (int half = 0; half < 2; ++half) {
-      const __m512 even = _mm512_load_ps(st + (2 * cp) * kRows + half * 16);
-      const __m512 odd = _mm512_load_ps(st + (2 * cp + 1) * kRows + half * 16);
+  for (std::int64_t p = 0; p < pairs; ++p)
+    for (std::int64_t w = 0; w < width; w += 16) {
+      const __m512 even = _mm512_loadu_ps(x + (2 * p) * stride + w);
+      const __m512 odd = _mm512_loadu_ps(x + (2 * p + 1) * stride + w);
       const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-      _mm512_store_si512(pp + cp * 2 * kRows + half * kRows, _mm512_permutexvar_epi16(interleave, packed));
+      _mm512_storeu_si512(out + p * 2 * width + 2 * w, _mm512_permutexvar_epi16(interleave, packed));
     }
+}
+
+SDPA_BF16_TARGET void round_floats(const float* x, std::int64_t n, std::uint16_t* out) {
+  for (std::int64_t i = 0; i < n; i += 32) {
+    const __m512i packed =
+        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+    _mm512_storeu_si512(out + i, packed);
+  }
 }
 
 SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols,
@@ -115,6 +144,16 @@ SDPA_BF16_TARGET void accumulate(const std::uint16_t* pp, std::int64_t col_pairs
   std::int64_t d = 0;
   for (; d + kValueBlock <= Ev; d += kValueBlock) accumulate_block<kValueBlock>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
   for (; d < Ev; ++d) accumulate_block<1>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
+}
+
+SDPA_BF16_TARGET void rank_update(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0,
+                                  std::int64_t pair1, const std::uint16_t* xp, std::int64_t width, float* acc,
+                                  std::int64_t acc_stride) {
+  // 4 vectors of dims × 6 keys: 24 accumulators, 4 loads and 6 broadcasts per 24 products.
+  std::int64_t d = 0;
+  for (; d + 64 <= width; d += 64) rank_block<4>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
+  for (; d + 32 <= width; d += 32) rank_block<2>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
+  for (; d < width; d += 16) rank_block<1>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
 }
 
 }  // namespace sdpa::detail::bf16

@@ -7,6 +7,11 @@
 //   query pairs   qp[p][r][2] = (Q[r][2p], Q[r][2p+1])
 //   prob. pairs   pp[c/2][r][2] = (P[r][c], P[r][c+1])          (bfloat16-rounded P)
 //   value pairs   vp[c/2][d][2] = (V[c][d], V[c+1][d])
+// The backward uses the same kernels on its own products (simd/backward.cpp): dPᵀ is a
+// score block of V against dO pairs, dQᵀ an accumulate of dS pairs against K pairs; and
+// rank_update for dK and dV, whose sums run over query rows, with the rows in pairs:
+//   row pairs     xp[r/2][d][2] = (X[r][d], X[r+1][d])           (X = Q or dO)
+//   weights       wt[c][r]  (bfloat16-rounded Wᵀ or dSᵀ: rows r, r+1 adjacent, a pair)
 #pragma once
 
 #include <cstdint>
@@ -20,13 +25,18 @@ constexpr int kValueBlock = 8; // value dims per accumulate register block
 // True when the CPU has AVX-512 F, BW and BF16.
 bool supported();
 
-// st[c][r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows are `pairs`
-// bf16 pairs long (even E), k_stride elements apart.
+// st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
+// are `pairs` bf16 pairs long (even E), k_stride elements apart.
 void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k, std::int64_t k_stride,
-                 float scale, float* st);
+                 float scale, float* st, std::int64_t st_stride);
 
-// pp from the float32 probabilities st[c][r] (c < 2·col_pairs), rounded to bfloat16.
-void pack_probabilities(const float* st, std::int64_t col_pairs, std::uint16_t* pp);
+// out[p][w][2] = (x[2p][w], x[2p+1][w]) rounded to bfloat16, for `pairs` pairs of float32
+// rows `stride` apart and w < width (a multiple of 16). pp from Sᵀ's columns (width kRows),
+// or a block's query rows in pairs.
+void pack_pairs(const float* x, std::int64_t stride, std::int64_t pairs, std::int64_t width, std::uint16_t* out);
+
+// out[i] = x[i] rounded to bfloat16, for i < n (a multiple of 32).
+void round_floats(const float* x, std::int64_t n, std::uint16_t* out);
 
 // vp from `cols` rows of V (bf16, unit column stride, v_stride apart); a missing odd
 // row is zero.
@@ -36,5 +46,12 @@ void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t col
 // ot[d][r] += Σ_{c/2} dot(pp[c/2][r], vp[c/2][d]) for all Ev value dims.
 void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp, std::int64_t Ev,
                 float* ot);
+
+constexpr int kRankKeys = 6;  // keys per rank_update call
+
+// acc[c·acc_stride + d] += Σ_{p in [pair0, pair1)} dot(wt[c·wt_stride + 2p..2p+1], xp[p][d])
+// for kRankKeys keys c and d < width (a multiple of 16); xp's pairs are 2·width apart.
+void rank_update(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0, std::int64_t pair1,
+                 const std::uint16_t* xp, std::int64_t width, float* acc, std::int64_t acc_stride);
 
 }  // namespace sdpa::detail::bf16

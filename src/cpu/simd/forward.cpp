@@ -145,26 +145,6 @@ struct ScratchKey {
 };
 constexpr std::int64_t kLargestKeptDim = 1024;
 
-// Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
-// when it is laid out so, else a zero-padded copy. K's rows are read in pairs, so for K
-// (`pairs`) an odd width is padded to even.
-const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
-                              std::int64_t padded, std::int64_t width, bool pairs, std::uint16_t* tile,
-                              std::int64_t* stride) {
-  const bool odd = pairs && width % 2 != 0;
-  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged() && cols == padded && !odd) {
-    *stride = op.row_stride;
-    return reinterpret_cast<const std::uint16_t*>(op.address(matrix, j0, 0));
-  }
-  const std::int64_t width_even = odd ? width + 1 : width;
-  std::fill(tile, tile + padded * width_even, std::uint16_t{0});
-  for (std::int64_t c = 0; c < cols; ++c)
-    for (std::int64_t e = 0; e < width; ++e)
-      tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
-  *stride = width_even;
-  return tile;
-}
-
 // Floats in one subtile's split state (simd/lse_merge-inl.h).
 template <std::size_t kVectors>
 std::int64_t StateSize(const Problem& p) {
@@ -361,7 +341,8 @@ class Task {
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
-        bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows);
+        bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows,
+                          static_cast<std::int64_t>(s_.rows));
     } else {
       ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows);
     }
@@ -502,7 +483,7 @@ class Task {
         packed_value_rows_ = pack_rows;
       }
       const std::int64_t pairs = (cols + 1) / 2;
-      bf16::pack_probabilities(s_.st.get(), pairs, s_.pp.get());
+      bf16::pack_pairs(s_.st.get(), bf16::kRows, pairs, bf16::kRows, s_.pp.get());
       bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
       return;
     }

@@ -255,6 +255,26 @@ inline const float* KeyValueRows(const Operand& op, std::int64_t matrix, std::in
   return tile;
 }
 
+// Rows [j0, j0+cols) of a bfloat16 K or V with unit column stride: the input itself
+// when it is laid out so, else a zero-padded copy. Rows read in pairs along the width
+// (`pairs`: K in the forward, K and V in the backward) pad an odd width to even.
+inline const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                                     std::int64_t padded, std::int64_t width, bool pairs, std::uint16_t* tile,
+                                     std::int64_t* stride) {
+  const bool odd = pairs && width % 2 != 0;
+  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged() && cols == padded && !odd) {
+    *stride = op.row_stride;
+    return reinterpret_cast<const std::uint16_t*>(op.address(matrix, j0, 0));
+  }
+  const std::int64_t width_even = odd ? width + 1 : width;
+  std::fill(tile, tile + padded * width_even, std::uint16_t{0});
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t e = 0; e < width; ++e)
+      tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
+  *stride = width_even;
+  return tile;
+}
+
 // A query row of a task: which (matrix, head, i) it is and which keys it sees:
 // [key_begin, key_end) (causal and the sliding window).
 struct Row {
