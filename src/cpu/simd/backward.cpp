@@ -252,8 +252,8 @@ class Task {
       Transpose(s_.do_rows.get() + g * R * s_.Ev_pad, static_cast<std::size_t>(s_.Ev_pad), s_.rows, Ev, t.dot.get(),
                 s_.rows);
       if (s_.bf16) {  // pairs along E and Ev of the unscaled values (score_block scales)
-        PairsAlongWidth(t.qt.get(), p_.E, t.qp.get());
-        PairsAlongWidth(t.dot.get(), p_.Ev, t.dop.get());
+        bf16::pack_along_width(t.qt.get(), p_.E, R, t.qp.get());
+        bf16::pack_along_width(t.dot.get(), p_.Ev, R, t.dop.get());
       } else {
         for (std::size_t x = 0; x < E * s_.rows; ++x) t.qt[x] *= c;
       }
@@ -263,14 +263,6 @@ class Task {
       bf16::pack_pairs(s_.q_rows.get(), s_.E_pad, pairs, s_.E_pad, s_.q_pairs.get());
       bf16::pack_pairs(s_.do_rows.get(), s_.Ev_pad, pairs, s_.Ev_pad, s_.do_pairs.get());
     }
-  }
-
-  // xp[w/2][r][2] = (xᵀ[w][r], xᵀ[w+1][r]) from the transposed rows xᵀ (width × rows), an
-  // odd width's last pair with a zero partner (xᵀ has room for a row past it).
-  void PairsAlongWidth(float* xt, std::int64_t width, std::uint16_t* xp) const {
-    const auto R = static_cast<std::int64_t>(s_.rows);
-    if (width % 2) std::fill(xt + width * R, xt + (width + 1) * R, 0.0f);
-    bf16::pack_pairs(xt, R, (width + 1) / 2, R, xp);
   }
 
   // Keys [j0, j0+cols) of the chunk (the block's rows see none past them).

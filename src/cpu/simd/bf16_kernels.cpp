@@ -107,6 +107,11 @@ SDPA_BF16_TARGET void pack_pairs(const float* x, std::int64_t stride, std::int64
     }
 }
 
+void pack_along_width(float* xt, std::int64_t width, std::int64_t rows, std::uint16_t* xp) {
+  if (width % 2) std::memset(xt + width * rows, 0, static_cast<std::size_t>(rows) * sizeof(float));
+  pack_pairs(xt, rows, (width + 1) / 2, rows, xp);
+}
+
 SDPA_BF16_TARGET void round_floats(const float* x, std::int64_t n, std::uint16_t* out) {
   for (std::int64_t i = 0; i < n; i += 32) {
     const __m512i packed =

@@ -35,6 +35,11 @@ void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_
 // or a block's query rows in pairs.
 void pack_pairs(const float* x, std::int64_t stride, std::int64_t pairs, std::int64_t width, std::uint16_t* out);
 
+// xp[w/2][r][2] = (xt[w][r], xt[w+1][r]) from transposed rows xt (width × rows, rows a
+// multiple of 16): Qᵀ or dOᵀ in pairs along E or Ev. An odd width's last pair gets a zero
+// partner: xt must have room for a row past it, which this zeroes.
+void pack_along_width(float* xt, std::int64_t width, std::int64_t rows, std::uint16_t* xp);
+
 // out[i] = x[i] rounded to bfloat16, for i < n (a multiple of 32).
 void round_floats(const float* x, std::int64_t n, std::uint16_t* out);
 
