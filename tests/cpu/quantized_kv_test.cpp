@@ -61,17 +61,20 @@ void expect_agrees(const Quantized& c, const std::string& what) {
 
 // Decoding: L = 1..16 new queries against the quantized cache, GQA, bottom-right causal
 // (the queries are the sequence's last), both K and V int8 or one of them.
+// float32 and bfloat16 queries (held to the lse's float32 rule either way).
 TEST(QuantizedKV, DecodeMatchesOracle) {
   int n = 0;
-  for (std::int64_t L : {1, 2, 3, 5, 8, 16})
-    for (std::int64_t S : {1, 17, 113, 1023})
-      for (int which = 0; which < 3; ++which) {
-        Shape4 s;
-        s.L = L, s.S = S, s.Hq = 8, s.Hkv = 2, s.E = 40, s.Ev = 24;
-        Quantized c = make_quantized(s, DType::float32, ++n, which != 2, which != 1);
-        if (n % 2) c.options.causal = Causal::bottom_right;
-        expect_agrees(c, "L " + std::to_string(L) + " S " + std::to_string(S) + " which " + std::to_string(which));
-      }
+  for (DType dtype : {DType::float32, DType::bfloat16})
+    for (std::int64_t L : {1, 2, 3, 5, 8, 16})
+      for (std::int64_t S : {1, 17, 113, 1023})
+        for (int which = 0; which < 3; ++which) {
+          Shape4 s;
+          s.L = L, s.S = S, s.Hq = 8, s.Hkv = 2, s.E = 40, s.Ev = 24;
+          Quantized c = make_quantized(s, dtype, ++n, which != 2, which != 1);
+          if (n % 2) c.options.causal = Causal::bottom_right;
+          expect_agrees(c, std::string(dtype_name(dtype)) + " L " + std::to_string(L) + " S " + std::to_string(S) +
+                               " which " + std::to_string(which));
+        }
 }
 
 // Prefill (L = S, top-left causal), GQA ratios 1, 2, 5, head dims off the vector width.
@@ -181,25 +184,28 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
 // kFewRows = 8): head dims with every tail against the vector width, K or V alone int8.
 TEST(QuantizedKV, DecodeKernelHeadDimTailsMatchOracle) {
   int n = 600;
-  for (std::int64_t E : {1, 3, 17, 111, 128})
-    for (std::int64_t L : {1, 4})
-      for (int which = 0; which < 3; ++which) {
-        Shape4 s;
-        s.Hq = 4, s.Hkv = 2, s.L = L, s.S = 150, s.E = E, s.Ev = E == 1 ? 3 : E;
-        Quantized c = make_quantized(s, DType::float32, ++n, which != 2, which != 1);
-        c.options.causal = Causal::bottom_right;
-        expect_agrees(c, "E " + std::to_string(E) + " L " + std::to_string(L) + " which " + std::to_string(which));
-      }
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+    for (std::int64_t E : {1, 3, 17, 33, 111, 128, 200})
+      for (std::int64_t L : {1, 3, 4})
+        for (int which = 0; which < 3; ++which) {
+          Shape4 s;
+          s.Hq = 4, s.Hkv = 2, s.L = L, s.S = 150, s.E = E, s.Ev = E == 1 ? 3 : E;
+          Quantized c = make_quantized(s, dtype, ++n, which != 2, which != 1);
+          c.options.causal = Causal::bottom_right;
+          expect_agrees(c, std::string(dtype_name(dtype)) + " E " + std::to_string(E) + " L " + std::to_string(L) +
+                               " which " + std::to_string(which));
+        }
 }
 
 // Every modifier on the decode path (Hq/Hkv = 2, L = 4: group · L = 8 rows), then a
 // fully masked row (output 0 and lse −inf, as the oracle) and a NaN query (its row NaN).
-TEST(QuantizedKV, DecodeKernelModifiersMatchOracle) {
+// For float32 and bfloat16 queries.
+void ExpectDecodeModifiersMatchOracle(DType dtype) {
   Shape4 s;
   s.B = 2, s.Hq = 4, s.Hkv = 2, s.L = 4, s.S = 90, s.E = 24, s.Ev = 17;
   std::mt19937_64 rng(700);
   for (int variant = 0; variant < 6; ++variant) {
-    Quantized c = make_quantized(s, DType::float32, 701 + variant);
+    Quantized c = make_quantized(s, dtype, 701 + variant);
     Tensor slopes, sinks;
     if (variant == 0 || variant == 5) {
       c.mask = random_bool({s.B, s.Hq, s.L, s.S}, rng, 0.6);
@@ -221,21 +227,25 @@ TEST(QuantizedKV, DecodeKernelModifiersMatchOracle) {
       c.options.dropout_p = 0.3;
       c.options.seed = 11;
     }
-    expect_agrees(c, "variant " + std::to_string(variant));
+    expect_agrees(c, std::string(dtype_name(dtype)) + " variant " + std::to_string(variant));
   }
 
-  Quantized c = make_quantized(s, DType::float32, 710);
+  Quantized c = make_quantized(s, dtype, 710);
   c.mask = random_bool({s.B, s.Hq, s.L, s.S}, rng, 0.6);
   for (std::int64_t j = 0; j < s.S; ++j) c.mask.set(((1 * s.Hq + 2) * s.L + 3) * s.S + j, 0);  // (b 1, h 2, row 3)
   c.options.mask = c.mask.view();
   c.q.set(((0 * s.Hq + 1) * s.L + 2) * s.E + 5, std::nan(""));  // (b 0, h 1, row 2)
-  expect_agrees(c, "fully masked row and NaN query");
+  expect_agrees(c, std::string(dtype_name(dtype)) + ": fully masked row and NaN query");
   const ForwardResult r = forward(c.q.view(), c.key(), c.value(), c.options, Returns{false, true});
   for (std::int64_t e = 0; e < s.Ev; ++e) {
     EXPECT_EQ(r.output.get(((1 * s.Hq + 2) * s.L + 3) * s.Ev + e), 0.0) << "fully masked row, e " << e;
     EXPECT_TRUE(std::isnan(r.output.get(((0 * s.Hq + 1) * s.L + 2) * s.Ev + e))) << "NaN query, e " << e;
   }
   EXPECT_EQ(r.lse.get((1 * s.Hq + 2) * s.L + 3), -kInf);
+}
+
+TEST(QuantizedKV, DecodeKernelModifiersMatchOracle) {
+  for (DType dtype : {DType::float32, DType::bfloat16}) ExpectDecodeModifiersMatchOracle(dtype);
 }
 
 // Long S with few query rows: the keys split into ranges merged by log-sum-exp; the
