@@ -72,45 +72,50 @@ TEST(CpuBackward, Bfloat16AwkwardShapesMatchOracle) {
 //   keys 0..32, an odd count; key 33 must not be key 32's partner in its dQ;
 // - rows: with L = 37 (odd), padding row 37 partners row 36 in dK and dV; a key that a
 //   bool mask hides from every row must not get the padding row's NaN score there.
-// The unseen NaN's gradients are then the same bits as with 0 in its place.
+// The unseen NaN's gradients are then the same bits as with 0 in its place. With
+// softcap too: its chain rule multiplies dS by 1 − tanh², NaN at a NaN key, and must leave
+// a masked key's dS at 0 (it did not: NaN reached dK, and dQ through a bfloat16 key pair).
 TEST(CpuBackward, NaNInUnseenKeysStaysOut) {
   for (DType dtype : {DType::float32, DType::bfloat16})
-    for (int where = 0; where < 3; ++where) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + (where == 0   ? ": NaN in K[33], causal"
-                                                     : where == 1 ? ": NaN in V[33], causal"
-                                                                  : ": NaN in K[5], masked for every row"));
-      const bool causal = where < 2;
-      const std::int64_t L = causal ? 40 : 37, S = causal ? 41 : 20, poisoned_key = causal ? 33 : 5;
-      std::mt19937_64 rng(17);
-      const Tensor q = random_tensor(dtype, {1, 1, L, 16}, rng), g = random_tensor(dtype, {1, 1, L, 16}, rng);
-      Tensor k = random_tensor(dtype, {1, 1, S, 16}, rng), v = random_tensor(dtype, {1, 1, S, 16}, rng);
-      Tensor mask = random_bool({S}, rng, 1.0);
-      mask.set(poisoned_key, 0.0);
-      Options options;
-      if (causal)
-        options.causal = Causal::bottom_right;
-      else
-        options.mask = mask.view();
-      Tensor& poisoned = where == 1 ? v : k;
-      for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, 0.0);
-      const BackwardResult clean = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
-      for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, std::nan(""));
-      const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
-      // Causal: dQ of rows 0..31 (the later rows see the NaN). Masked: dK and dV (dQ adds
-      // 0 · K over the keys a row's band holds, masked ones included: NaN, as in float32).
-      const auto expect_same = [](const Tensor& a, const Tensor& b, std::int64_t count) {
-        for (std::int64_t i = 0; i < count; ++i) {
-          ASSERT_FALSE(std::isnan(a.get(i))) << i;
-          ASSERT_EQ(a.get(i), b.get(i)) << i;
+    for (double softcap : {0.0, 8.0})
+      for (int where = 0; where < 3; ++where) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (softcap > 0 ? " softcap" : "") +
+                     (where == 0   ? ": NaN in K[33], causal"
+                      : where == 1 ? ": NaN in V[33], causal"
+                                   : ": NaN in K[5], masked for every row"));
+        const bool causal = where < 2;
+        const std::int64_t L = causal ? 40 : 37, S = causal ? 41 : 20, poisoned_key = causal ? 33 : 5;
+        std::mt19937_64 rng(17);
+        const Tensor q = random_tensor(dtype, {1, 1, L, 16}, rng), g = random_tensor(dtype, {1, 1, L, 16}, rng);
+        Tensor k = random_tensor(dtype, {1, 1, S, 16}, rng), v = random_tensor(dtype, {1, 1, S, 16}, rng);
+        Tensor mask = random_bool({S}, rng, 1.0);
+        mask.set(poisoned_key, 0.0);
+        Options options;
+        options.softcap = softcap;
+        if (causal)
+          options.causal = Causal::bottom_right;
+        else
+          options.mask = mask.view();
+        Tensor& poisoned = where == 1 ? v : k;
+        for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, 0.0);
+        const BackwardResult clean = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+        for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, std::nan(""));
+        const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+        // Causal: dQ of rows 0..31 (the later rows see the NaN). Masked: dK and dV (dQ adds
+        // 0 · K over the keys a row's band holds, masked ones included: NaN, as in float32).
+        const auto expect_same = [](const Tensor& a, const Tensor& b, std::int64_t count) {
+          for (std::int64_t i = 0; i < count; ++i) {
+            ASSERT_FALSE(std::isnan(a.get(i))) << i;
+            ASSERT_EQ(a.get(i), b.get(i)) << i;
+          }
+        };
+        if (causal) {
+          expect_same(got.grad_query, clean.grad_query, 32 * 16);
+        } else {
+          expect_same(got.grad_key, clean.grad_key, got.grad_key.numel());
+          expect_same(got.grad_value, clean.grad_value, got.grad_value.numel());
         }
-      };
-      if (causal) {
-        expect_same(got.grad_query, clean.grad_query, 32 * 16);
-      } else {
-        expect_same(got.grad_key, clean.grad_key, got.grad_key.numel());
-        expect_same(got.grad_value, clean.grad_value, got.grad_value.numel());
       }
-    }
 }
 
 TEST(CpuBackward, LongSequencesBothWays) {

@@ -216,8 +216,8 @@ class Task {
       AssignRows(p_, b_, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // Qᵀ (scaled to log2 units), dOᵀ, lse2 and D per subtile; Q and dO row-major for the
-  // block. Padding rows (zero, lse2 = +inf) are the block's last rows: the dK/dV updates
+  // Qᵀ (scaled to log2 units; bfloat16: unscaled, then in pairs), dOᵀ, lse2 and D per
+  // subtile; Q and dO row-major for the block (bfloat16: in pairs of rows too). Padding rows (zero, lse2 = +inf) are the block's last rows: the dK/dV updates
   // stop before them and their dQ is never stored, so whatever they compute is unused.
   void PackBlock() {
     const float c = static_cast<float>(p_.scale * kLog2e);
@@ -421,13 +421,18 @@ class Task {
       for (std::size_t r = 0; r < t.rows.size(); ++r)
         for (std::int64_t c = 0; c < visible; ++c)
           p_.grad_mask.store<float>(t.rows[r].matrix, t.rows[r].i, j0 + c, dpt[c * BR + r]);
-    // Softcap's chain rule: d(C·tanh(x/C))/dx = 1 − tanh²; the mask was added after it.
+    // Softcap's chain rule: d(C·tanh(x/C))/dx = 1 − tanh²; the mask was added after it. A
+    // dS of exactly 0 (P = 0: a masked key) stays 0: a NaN key's tanh is NaN even where
+    // the mask hides it, and 0 · NaN would carry it into dK (and into dQ by a key pair).
     if (softcap)
       for (std::size_t half = 0; half < 2; ++half)
         for (std::int64_t c = 0; c < padded; ++c) {
           float* dp_at = dpt + c * BR + half * n_;
           const VF t2 = hn::Load(df, s_.tanh_t.get() + c * R + half * n_);
-          hn::Store(hn::Mul(hn::Load(df, dp_at), hn::NegMulAdd(t2, t2, hn::Set(df, 1.0f))), df, dp_at);
+          const VF dscore = hn::Load(df, dp_at);
+          hn::Store(hn::IfThenZeroElse(hn::Eq(dscore, hn::Zero(df)),
+                                       hn::Mul(dscore, hn::NegMulAdd(t2, t2, hn::Set(df, 1.0f)))),
+                    df, dp_at);
         }
     return true;
   }

@@ -256,7 +256,8 @@ class Task {
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores),
-  // from Qᵀ unscaled (bfloat16 → float32 → bfloat16 is exact): vector loads, transposes
+  // from Qᵀ unscaled (bfloat16 → float32 → bfloat16 gives the same bits, subnormals aside,
+  // which vdpbf16ps reads as zero anyway): vector loads, transposes
   // and packs, not a scalar copy per element (that had cost ~4 % of a bfloat16 forward).
   void PackQuery(Subtile& t) {
     const std::int64_t rows = static_cast<std::int64_t>(t.rows.size());
