@@ -82,8 +82,10 @@ TEST(Bf16Kernels, PackAlongAnOddWidthGivesTheLastPairAZeroPartner) {
   std::vector<std::uint16_t> xp((width + 1) * rows);
   pack_along_width(xt.data(), width, rows, xp.data());
   for (std::int64_t w = 0; w < width + 1; ++w)
-    for (std::int64_t r = 0; r < rows; ++r)
-      ASSERT_EQ(xp[((w / 2) * rows + r) * 2 + w % 2], float_to_bf16(w < width ? w * 100.0f + r : 0.0f)) << w << " " << r;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float want = w < width ? static_cast<float>(w * 100 + r) : 0.0f;
+      ASSERT_EQ(xp[((w / 2) * rows + r) * 2 + w % 2], float_to_bf16(want)) << w << " " << r;
+    }
 }
 
 // dK, dV's update: pairs [3, 10) of rows; widths of 1, 3, 5 and 17 vectors (blocks of

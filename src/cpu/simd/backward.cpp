@@ -217,8 +217,10 @@ class Task {
   }
 
   // Qᵀ (scaled to log2 units; bfloat16: unscaled, then in pairs), dOᵀ, lse2 and D per
-  // subtile; Q and dO row-major for the block (bfloat16: in pairs of rows too). Padding rows (zero, lse2 = +inf) are the block's last rows: the dK/dV updates
-  // stop before them and their dQ is never stored, so whatever they compute is unused.
+  // subtile; Q and dO row-major for the block (bfloat16: in pairs of rows too). Padding
+  // rows (zero, lse2 = +inf) are the block's last rows: the dK/dV updates stop before them
+  // (bfloat16: an odd count's partner row gets weight 0) and their dQ is never stored, so
+  // whatever they compute is unused.
   void PackBlock() {
     const float c = static_cast<float>(p_.scale * kLog2e);
     const std::int64_t R = static_cast<std::int64_t>(s_.rows);
