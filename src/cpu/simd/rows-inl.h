@@ -268,6 +268,12 @@ inline const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std
   }
   const std::int64_t width_even = odd ? width + 1 : width;
   std::fill(tile, tile + padded * width_even, std::uint16_t{0});
+  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged()) {  // a tile's last keys: rows copied whole
+    for (std::int64_t c = 0; c < cols; ++c)
+      std::memcpy(tile + c * width_even, op.address(matrix, j0 + c, 0), static_cast<std::size_t>(width) * 2);
+    *stride = width_even;
+    return tile;
+  }
   for (std::int64_t c = 0; c < cols; ++c)
     for (std::int64_t e = 0; e < width; ++e)
       tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
