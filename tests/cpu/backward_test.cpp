@@ -76,7 +76,7 @@ TEST(CpuBackward, Bfloat16AwkwardShapesMatchOracle) {
 // softcap too: its chain rule multiplies dS by 1 − tanh², NaN at a NaN key, and must leave
 // a masked key's dS at 0 (it did not: NaN reached dK, and dQ through a bfloat16 key pair).
 TEST(CpuBackward, NaNInUnseenKeysStaysOut) {
-  for (DType dtype : {DType::float32, DType::bfloat16})
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float64})
     for (double softcap : {0.0, 8.0})
       for (int where = 0; where < 3; ++where) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + (softcap > 0 ? " softcap" : "") +

@@ -1,4 +1,4 @@
-// The vdpbf16ps microkernels (src/cpu/simd/bf16_kernels.h) one by one against float64
+// The vdpbf16ps microkernels (src/cpu/simd/bf16_kernels.h), each against float64
 // sums of the same bfloat16 values, and the packing against float_to_bf16: offsets,
 // strides and widths the whole-kernel tests reach only by chance (a pair range that
 // starts past 0, output strides other than a tile's, widths of 1, 3 and 17 vectors, an
@@ -37,7 +37,7 @@ hwy::AlignedFreeUniquePtr<T[]> aligned(const std::vector<T>& x) {
 #define SKIP_WITHOUT_BF16() \
   if (!supported()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU"
 
-TEST(Bf16Kernels, ScoreBlockWithAnyOutputStride) {
+TEST(Bf16Kernels, ScoreBlockWithAWiderOutputStride) {
   SKIP_WITHOUT_BF16();
   std::mt19937_64 rng(1);
   const std::int64_t pairs = 5, k_stride = 2 * pairs + 6, st_stride = 48;
@@ -88,13 +88,13 @@ TEST(Bf16Kernels, PackAlongAnOddWidthGivesTheLastPairAZeroPartner) {
     }
 }
 
-// dK, dV's update: pairs [3, 10) of rows; widths of 1, 3, 5 and 17 vectors (blocks of
-// 4, 2 and 1 vectors); accumulators 16 floats wider than the width (left as they were),
-// added to what they held.
+// dK, dV's update: pairs [3, 10) of rows; widths of 1, 3, 5, 7 and 17 vectors (blocks of
+// 4, 2 and 1 vectors, the 2 after a 4); accumulators 16 floats wider than the width
+// (left as they were), added to what they held.
 TEST(Bf16Kernels, RankUpdateOverAPairRange) {
   SKIP_WITHOUT_BF16();
   std::mt19937_64 rng(3);
-  for (std::int64_t width : {16, 48, 80, 272}) {
+  for (std::int64_t width : {16, 48, 80, 112, 272}) {
     SCOPED_TRACE(width);
     const std::int64_t all_pairs = 12, pair0 = 3, pair1 = 10, wt_stride = 2 * all_pairs + 4,
                        acc_stride = width + 16;
@@ -116,6 +116,38 @@ TEST(Bf16Kernels, RankUpdateOverAPairRange) {
           for (int h = 0; h < 2; ++h)
             want += double{bf16_to_float(wt[c * wt_stride + 2 * p + h])} * bf16_to_float(xp[(p * width + d) * 2 + h]);
         ASSERT_NEAR(acc[c * acc_stride + d], want, 1e-5 * (1 + std::abs(want))) << c << " " << d;
+      }
+  }
+}
+
+// P·V's operands and product: V rows in pairs of rows (an odd count's last with a zero
+// partner; Ev off the 32-element vector, so the masked loads and stores), then
+// ot[d][r] += Σ pp · vp over the blocks of 8 dims and the rest.
+TEST(Bf16Kernels, PackValuesAndAccumulate) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937_64 rng(4);
+  for (std::int64_t Ev : {5, 9, 17, 40}) {
+    SCOPED_TRACE(Ev);
+    const std::int64_t cols = 7, v_stride = Ev + 3, col_pairs = (cols + 1) / 2;
+    const auto v = random_bf16(cols * v_stride, rng);
+    std::vector<std::uint16_t> vp(col_pairs * 2 * Ev, 0xffff);
+    pack_values(v.data(), v_stride, cols, Ev, vp.data());
+    for (std::int64_t c = 0; c < 2 * col_pairs; ++c)
+      for (std::int64_t d = 0; d < Ev; ++d)
+        ASSERT_EQ(vp[((c / 2) * Ev + d) * 2 + c % 2], c < cols ? v[c * v_stride + d] : 0) << c << " " << d;
+    const auto pp = aligned(random_bf16(col_pairs * 2 * kRows, rng));
+    std::vector<float> start(Ev * kRows);
+    std::normal_distribution<float> normal;
+    for (auto& x : start) x = normal(rng);
+    auto ot = aligned(start);
+    accumulate(pp.get(), col_pairs, vp.data(), Ev, ot.get());
+    for (std::int64_t d = 0; d < Ev; ++d)
+      for (int r = 0; r < kRows; ++r) {
+        double want = start[d * kRows + r];
+        for (std::int64_t cp = 0; cp < col_pairs; ++cp)
+          for (int h = 0; h < 2; ++h)
+            want += double{bf16_to_float(pp[(cp * kRows + r) * 2 + h])} * bf16_to_float(vp[(cp * Ev + d) * 2 + h]);
+        ASSERT_NEAR(ot[d * kRows + r], want, 1e-5 * (1 + std::abs(want))) << d << " " << r;
       }
   }
 }

@@ -103,7 +103,9 @@ void tile_gradients(const BackwardProblem& p, Scratch<T>& s, std::int64_t b, std
       probs[r * kKeyTile + c] = prob * keep[c];
       const T dscore = prob == T{0} ? T{0} : prob * (dprob - s.D[r]);
       if (store_mask_gradient) p.grad_mask.store<T>(qm, i, j0 + c, dscore);
-      dscores[r * kKeyTile + c] = dscore * (T{1} - tanh_capped * tanh_capped);
+      // Softcap's factor leaves a dS of 0 at 0: a masked NaN key's tanh is NaN (as in
+      // simd/backward.cpp).
+      dscores[r * kKeyTile + c] = dscore == T{0} ? T{0} : dscore * (T{1} - tanh_capped * tanh_capped);
     }
   }
 }

@@ -424,8 +424,9 @@ class Task {
         for (std::int64_t c = 0; c < visible; ++c)
           p_.grad_mask.store<float>(t.rows[r].matrix, t.rows[r].i, j0 + c, dpt[c * BR + r]);
     // Softcap's chain rule: d(C·tanh(x/C))/dx = 1 − tanh²; the mask was added after it. A
-    // dS of exactly 0 (P = 0: a masked key) stays 0: a NaN key's tanh is NaN even where
-    // the mask hides it, and 0 · NaN would carry it into dK (and into dQ by a key pair).
+    // dS of exactly 0 stays 0 (P = 0 at a masked key; elsewhere the factor is finite): a
+    // NaN key's tanh is NaN even where the mask hides it, and 0 · NaN would carry it into
+    // dK (and into dQ by a bfloat16 key pair).
     if (softcap)
       for (std::size_t half = 0; half < 2; ++half)
         for (std::int64_t c = 0; c < padded; ++c) {

@@ -26,7 +26,8 @@ constexpr int kValueBlock = 8; // value dims per accumulate register block
 bool supported();
 
 // st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
-// are `pairs` bf16 pairs long (even E), k_stride elements apart.
+// are `pairs` bf16 pairs long (even E), k_stride elements apart. qp and st are 64-byte
+// aligned and st_stride a multiple of 16 (aligned loads and stores), as pp and ot below.
 void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k, std::int64_t k_stride,
                  float scale, float* st, std::int64_t st_stride);
 

@@ -268,7 +268,7 @@ inline const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std
   }
   const std::int64_t width_even = odd ? width + 1 : width;
   std::fill(tile, tile + padded * width_even, std::uint16_t{0});
-  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged()) {  // a tile's last keys: rows copied whole
+  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged()) {  // a partial tile or odd width: whole rows
     for (std::int64_t c = 0; c < cols; ++c)
       std::memcpy(tile + c * width_even, op.address(matrix, j0 + c, 0), static_cast<std::size_t>(width) * 2);
     *stride = width_even;
