@@ -293,9 +293,12 @@ class Task {
       if (first_active < 0) first_active = g;
       last_active = g;
       // dQᵀ += K ⊗ dSᵀ over the keys these rows see.
+      // (bfloat16: the key pairs stop at `visible`; K is packed once for the subtiles that
+      // see the same keys.)
       if (query_gradient_) {
         if (s_.bf16)
-          QueryGradientBf16(t, g, visible, cols, kv);
+          bf16::accumulate_keys(s_.dpt.get() + g * R, static_cast<std::int64_t>(BR), visible, cols, kv.k16,
+                                kv.k_stride, p_.E, s_.pp.get(), s_.kp.get(), &packed_key_rows_, t.dqt.get());
         else
           simd::Accumulate(s_.dpt.get() + g * R, BR, visible, kv.k, kv.k_stride, p_.E, t.dqt.get(), s_.rows);
       }
@@ -314,22 +317,6 @@ class Task {
       RankUpdates(s_.st.get() + c * BR, r0, r1, s_.do_rows.get(), s_.Ev_pad, dv + c * s_.Ev_pad);
       RankUpdates(s_.dpt.get() + c * BR, r0, r1, s_.q_rows.get(), s_.E_pad, dk + c * s_.E_pad);
     }
-  }
-
-  // dQᵀ += K ⊗ dSᵀ on vdpbf16ps: dS of subtile g and K rows in pairs of keys, the pairs
-  // stopping at `visible` (an odd count packs its last key with a zero partner, so the
-  // keys past it, whose dS is 0, add no 0·K: K may be NaN there). K is packed once per
-  // tile for every subtile that sees the same keys.
-  void QueryGradientBf16(Subtile& t, std::int64_t g, std::int64_t visible, std::int64_t cols, const KeyValueTile& kv) {
-    const std::int64_t pack_rows = visible % 2 ? visible : cols;
-    if (packed_key_rows_ != pack_rows) {
-      bf16::pack_values(kv.k16, kv.k_stride, pack_rows, p_.E, s_.kp.get());
-      packed_key_rows_ = pack_rows;
-    }
-    const std::int64_t pairs = (visible + 1) / 2;
-    bf16::pack_pairs(s_.dpt.get() + g * s_.rows, static_cast<std::int64_t>(s_.block_rows), pairs, bf16::kRows,
-                     s_.pp.get());
-    bf16::accumulate(s_.pp.get(), pairs, s_.kp.get(), p_.E, t.dqt.get());
   }
 
   // dV += Wᵀ ⊗ dO rows and dK += dSᵀ ⊗ Q rows over rows [r0, r1) on vdpbf16ps, the rows

@@ -18,49 +18,35 @@ SDPA_BF16_TARGET inline __m512bh broadcast_pair(const std::uint16_t* pair) {
   return as_bh(_mm512_set1_epi32(bits));
 }
 
-template <int Block>
-SDPA_BF16_TARGET inline void accumulate_block(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp,
-                                              std::int64_t Ev, float* ot) {
-  __m512 acc0[Block], acc1[Block];
-  for (int d = 0; d < Block; ++d) {
-    acc0[d] = _mm512_load_ps(ot + d * kRows);
-    acc1[d] = _mm512_load_ps(ot + d * kRows + 16);
-  }
-  for (std::int64_t cp = 0; cp < col_pairs; ++cp) {
-    const __m512bh p0 = as_bh(_mm512_load_si512(pp + cp * 2 * kRows));
-    const __m512bh p1 = as_bh(_mm512_load_si512(pp + cp * 2 * kRows + kRows));
-    const std::uint16_t* values = vp + cp * 2 * Ev;
-#pragma GCC unroll 8
-    for (int d = 0; d < Block; ++d) {
-      const __m512bh value = broadcast_pair(values + 2 * d);
-      acc0[d] = _mm512_dpbf16_ps(acc0[d], p0, value);
-      acc1[d] = _mm512_dpbf16_ps(acc1[d], p1, value);
+// The one register block of every product here: for I items i and V vectors v of 16
+// lanes, out[i·out_item + 16v + lane] = (Add ? out : 0) + Σ_{s < steps}
+// dot(a[s·a_step + 32v + 2·lane ..], b[i·b_item + s·b_step ..]) — a vector of a's pairs
+// against one broadcast pair of b — times `scale` when not Add. Scores: a = Q pairs, b = K
+// rows; P·V and dQ: a = P (dS) pairs, b = V (K) pairs; dK, dV: a = Q (dO) row pairs,
+// b = dSᵀ (Wᵀ).
+template <int I, int V, bool Add>
+SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_step, const std::uint16_t* b,
+                                        std::int64_t b_item, std::int64_t b_step, std::int64_t steps, float* out,
+                                        std::int64_t out_item, float scale = 1.0f) {
+  __m512 acc[I][V];
+  for (int i = 0; i < I; ++i)
+    for (int v = 0; v < V; ++v) acc[i][v] = Add ? _mm512_loadu_ps(out + i * out_item + v * 16) : _mm512_setzero_ps();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    __m512bh x[V];
+    for (int v = 0; v < V; ++v) x[v] = as_bh(_mm512_loadu_si512(a + s * a_step + v * 32));
+#pragma GCC unroll 12
+    for (int i = 0; i < I; ++i) {
+      const __m512bh pair = broadcast_pair(b + i * b_item + s * b_step);
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], x[v], pair);
     }
   }
-  for (int d = 0; d < Block; ++d) {
-    _mm512_store_ps(ot + d * kRows, acc0[d]);
-    _mm512_store_ps(ot + d * kRows + 16, acc1[d]);
-  }
-}
-
-template <int Vectors>
-SDPA_BF16_TARGET inline void rank_block(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0,
-                                        std::int64_t pair1, const std::uint16_t* xp, std::int64_t width, float* acc,
-                                        std::int64_t acc_stride) {
-  __m512 a[kRankKeys][Vectors];
-  for (int c = 0; c < kRankKeys; ++c)
-    for (int v = 0; v < Vectors; ++v) a[c][v] = _mm512_loadu_ps(acc + c * acc_stride + v * 16);
-  for (std::int64_t p = pair0; p < pair1; ++p) {
-    __m512bh x[Vectors];
-    for (int v = 0; v < Vectors; ++v) x[v] = as_bh(_mm512_loadu_si512(xp + p * 2 * width + v * 32));
-#pragma GCC unroll 6
-    for (int c = 0; c < kRankKeys; ++c) {
-      const __m512bh w = broadcast_pair(wt + c * wt_stride + 2 * p);
-      for (int v = 0; v < Vectors; ++v) a[c][v] = _mm512_dpbf16_ps(a[c][v], x[v], w);
-    }
-  }
-  for (int c = 0; c < kRankKeys; ++c)
-    for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(acc + c * acc_stride + v * 16, a[c][v]);
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int i = 0; i < I; ++i)
+    for (int v = 0; v < V; ++v)
+      if constexpr (Add)
+        _mm512_storeu_ps(out + i * out_item + v * 16, acc[i][v]);
+      else
+        _mm512_storeu_ps(out + i * out_item + v * 16, _mm512_mul_ps(acc[i][v], factor));
 }
 
 }  // namespace
@@ -73,23 +59,7 @@ bool supported() {
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,
                                   std::int64_t k_stride, float scale, float* st, std::int64_t st_stride) {
-  __m512 acc0[kKeyBlock], acc1[kKeyBlock];
-  for (int c = 0; c < kKeyBlock; ++c) acc0[c] = acc1[c] = _mm512_setzero_ps();
-  for (std::int64_t p = 0; p < pairs; ++p) {
-    const __m512bh q0 = as_bh(_mm512_load_si512(qp + p * 2 * kRows));
-    const __m512bh q1 = as_bh(_mm512_load_si512(qp + p * 2 * kRows + kRows));
-#pragma GCC unroll 12
-    for (int c = 0; c < kKeyBlock; ++c) {
-      const __m512bh key = broadcast_pair(k + c * k_stride + 2 * p);
-      acc0[c] = _mm512_dpbf16_ps(acc0[c], q0, key);
-      acc1[c] = _mm512_dpbf16_ps(acc1[c], q1, key);
-    }
-  }
-  const __m512 s = _mm512_set1_ps(scale);
-  for (int c = 0; c < kKeyBlock; ++c) {
-    _mm512_store_ps(st + c * st_stride, _mm512_mul_ps(acc0[c], s));
-    _mm512_store_ps(st + c * st_stride + 16, _mm512_mul_ps(acc1[c], s));
-  }
+  OuterBlock<kKeyBlock, 2, false>(qp, 2 * kRows, k, k_stride, 2, pairs, st, st_stride, scale);
 }
 
 SDPA_BF16_TARGET void pack_pairs(const float* x, std::int64_t stride, std::int64_t pairs, std::int64_t width,
@@ -147,18 +117,38 @@ SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride,
 SDPA_BF16_TARGET void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp,
                                  std::int64_t Ev, float* ot) {
   std::int64_t d = 0;
-  for (; d + kValueBlock <= Ev; d += kValueBlock) accumulate_block<kValueBlock>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
-  for (; d < Ev; ++d) accumulate_block<1>(pp, col_pairs, vp + 2 * d, Ev, ot + d * kRows);
+  for (; d + kValueBlock <= Ev; d += kValueBlock)
+    OuterBlock<kValueBlock, 2, true>(pp, 2 * kRows, vp + 2 * d, 2, 2 * Ev, col_pairs, ot + d * kRows, kRows);
+  for (; d < Ev; ++d) OuterBlock<1, 2, true>(pp, 2 * kRows, vp + 2 * d, 2, 2 * Ev, col_pairs, ot + d * kRows, kRows);
+}
+
+void accumulate_keys(const float* pt, std::int64_t pt_stride, std::int64_t cols, std::int64_t tile_cols,
+                     const std::uint16_t* v, std::int64_t v_stride, std::int64_t Ev, std::uint16_t* pp,
+                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot) {
+  const std::int64_t pack_rows = cols % 2 ? cols : tile_cols;
+  if (*packed_rows != pack_rows) {
+    pack_values(v, v_stride, pack_rows, Ev, vp);
+    *packed_rows = pack_rows;
+  }
+  const std::int64_t pairs = (cols + 1) / 2;
+  pack_pairs(pt, pt_stride, pairs, kRows, pp);
+  accumulate(pp, pairs, vp, Ev, ot);
 }
 
 SDPA_BF16_TARGET void rank_update(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0,
                                   std::int64_t pair1, const std::uint16_t* xp, std::int64_t width, float* acc,
                                   std::int64_t acc_stride) {
   // 4 vectors of dims × 6 keys: 24 accumulators, 4 loads and 6 broadcasts per 24 products.
+  const std::uint16_t* x = xp + pair0 * 2 * width;
+  const std::uint16_t* w = wt + 2 * pair0;
+  const std::int64_t steps = pair1 - pair0;
   std::int64_t d = 0;
-  for (; d + 64 <= width; d += 64) rank_block<4>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
-  for (; d + 32 <= width; d += 32) rank_block<2>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
-  for (; d < width; d += 16) rank_block<1>(wt, wt_stride, pair0, pair1, xp + 2 * d, width, acc + d, acc_stride);
+  for (; d + 64 <= width; d += 64)
+    OuterBlock<kRankKeys, 4, true>(x + 2 * d, 2 * width, w, wt_stride, 2, steps, acc + d, acc_stride);
+  for (; d + 32 <= width; d += 32)
+    OuterBlock<kRankKeys, 2, true>(x + 2 * d, 2 * width, w, wt_stride, 2, steps, acc + d, acc_stride);
+  for (; d < width; d += 16)
+    OuterBlock<kRankKeys, 1, true>(x + 2 * d, 2 * width, w, wt_stride, 2, steps, acc + d, acc_stride);
 }
 
 }  // namespace sdpa::detail::bf16

@@ -8,7 +8,7 @@
 //   prob. pairs   pp[c/2][r][2] = (P[r][c], P[r][c+1])          (bfloat16-rounded P)
 //   value pairs   vp[c/2][d][2] = (V[c][d], V[c+1][d])
 // The backward uses the same kernels on its own products (simd/backward.cpp): dPᵀ is a
-// score block of V against dO pairs, dQᵀ an accumulate of dS pairs against K pairs; and
+// score block of V against dO pairs, dQᵀ accumulate_keys of dS against K pairs; and
 // rank_update for dK and dV, whose sums run over query rows, with the rows in pairs:
 //   row pairs     xp[r/2][d][2] = (X[r][d], X[r+1][d])           (X = Q or dO)
 //   weights       wt[c][r]  (bfloat16-rounded Wᵀ or dSᵀ: rows r, r+1 adjacent, a pair)
@@ -26,8 +26,7 @@ constexpr int kValueBlock = 8; // value dims per accumulate register block
 bool supported();
 
 // st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
-// are `pairs` bf16 pairs long (even E), k_stride elements apart. qp and st are 64-byte
-// aligned and st_stride a multiple of 16 (aligned loads and stores), as pp and ot below.
+// are `pairs` bf16 pairs long (even E), k_stride elements apart.
 void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k, std::int64_t k_stride,
                  float scale, float* st, std::int64_t st_stride);
 
@@ -52,6 +51,16 @@ void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t col
 // ot[d][r] += Σ_{c/2} dot(pp[c/2][r], vp[c/2][d]) for all Ev value dims.
 void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp, std::int64_t Ev,
                 float* ot);
+
+// ot[d][r] += Σ_{c < cols} P[r][c] · V[c][d] for keys [0, cols) of a tile of tile_cols V
+// rows (v, v_stride apart), P float32 at pt[c·pt_stride + r] and rounded to bfloat16 in
+// pp: P·V, or dQ's dS·K. The key pairs stop at cols: an odd count packs its last key with
+// a zero partner, so a key past it (P = 0, V perhaps NaN) adds no 0 · V. V is packed into
+// vp only when *packed_rows (the rows vp holds; 0 for none) is not what cols needs, so
+// the calls of a tile share one packing.
+void accumulate_keys(const float* pt, std::int64_t pt_stride, std::int64_t cols, std::int64_t tile_cols,
+                     const std::uint16_t* v, std::int64_t v_stride, std::int64_t Ev, std::uint16_t* pp,
+                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot);
 
 constexpr int kRankKeys = 6;  // keys per rank_update call
 

@@ -256,9 +256,8 @@ class Task {
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
   // pairs qp[e/2][r][2] of the raw values instead (the scale is applied to the scores),
-  // from Qᵀ unscaled (bfloat16 → float32 → bfloat16 gives the same bits, subnormals aside,
-  // which vdpbf16ps reads as zero anyway): vector loads, transposes
-  // and packs, not a scalar copy per element (that had cost ~4 % of a bfloat16 forward).
+  // packed from Qᵀ unscaled, as the backward packs its Q (bfloat16 → float32 → bfloat16
+  // gives the same bits, subnormals aside, which vdpbf16ps reads as zero anyway).
   void PackQuery(Subtile& t) {
     const std::int64_t rows = static_cast<std::int64_t>(t.rows.size());
     const auto E = static_cast<std::size_t>(p_.E);
@@ -475,16 +474,8 @@ class Task {
     // the unscaled sum, and the next subtile recomputes Sᵀ.
     if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
     if (bf16_) {
-      // Pairs (c, c+1) must not reach past `cols`: an odd count packs its own pairs
-      // with a zero partner, so a masked key's V (NaN, say) never meets a zero weight.
-      const std::int64_t pack_rows = cols % 2 ? cols : tile_cols;
-      if (packed_value_rows_ != pack_rows) {
-        bf16::pack_values(values_.bf16, values_.stride, pack_rows, p_.Ev, s_.vp.get());
-        packed_value_rows_ = pack_rows;
-      }
-      const std::int64_t pairs = (cols + 1) / 2;
-      bf16::pack_pairs(s_.st.get(), bf16::kRows, pairs, bf16::kRows, s_.pp.get());
-      bf16::accumulate(s_.pp.get(), pairs, s_.vp.get(), p_.Ev, t.ot.get());
+      bf16::accumulate_keys(s_.st.get(), bf16::kRows, cols, tile_cols, values_.bf16, values_.stride, p_.Ev,
+                            s_.pp.get(), s_.vp.get(), &packed_value_rows_, t.ot.get());
       return;
     }
     simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows,

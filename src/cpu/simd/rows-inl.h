@@ -262,21 +262,19 @@ inline const std::uint16_t* Bf16Rows(const Operand& op, std::int64_t matrix, std
                                      std::int64_t padded, std::int64_t width, bool pairs, std::uint16_t* tile,
                                      std::int64_t* stride) {
   const bool odd = pairs && width % 2 != 0;
-  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged() && cols == padded && !odd) {
+  const bool bf16_rows = op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged();
+  if (bf16_rows && cols == padded && !odd) {
     *stride = op.row_stride;
     return reinterpret_cast<const std::uint16_t*>(op.address(matrix, j0, 0));
   }
   const std::int64_t width_even = odd ? width + 1 : width;
   std::fill(tile, tile + padded * width_even, std::uint16_t{0});
-  if (op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged()) {  // a partial tile or odd width: whole rows
-    for (std::int64_t c = 0; c < cols; ++c)
-      std::memcpy(tile + c * width_even, op.address(matrix, j0 + c, 0), static_cast<std::size_t>(width) * 2);
-    *stride = width_even;
-    return tile;
-  }
   for (std::int64_t c = 0; c < cols; ++c)
-    for (std::int64_t e = 0; e < width; ++e)
-      tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
+    if (bf16_rows)  // (a partial tile, or an odd width)
+      std::memcpy(tile + c * width_even, op.address(matrix, j0 + c, 0), static_cast<std::size_t>(width) * 2);
+    else
+      for (std::int64_t e = 0; e < width; ++e)
+        tile[c * width_even + e] = float_to_bf16(op.load<float>(matrix, j0 + c, e));
   *stride = width_even;
   return tile;
 }
