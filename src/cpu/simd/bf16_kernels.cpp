@@ -28,20 +28,29 @@ template <int I, int V, bool Add>
 SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_step, const std::uint16_t* b,
                                         std::int64_t b_item, std::int64_t b_step, std::int64_t steps, float* out,
                                         std::int64_t out_item, float scale = 1.0f) {
+  // Every loop over the accumulators fully unrolled: GCC otherwise keeps them in a stack
+  // array as well, and zeroes, stores and reloads it around the loop on each call (7 %
+  // of a 64-step score block on Zen 4).
   __m512 acc[I][V];
+#pragma GCC unroll 12
   for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[i][v] = Add ? _mm512_loadu_ps(out + i * out_item + v * 16) : _mm512_setzero_ps();
   for (std::int64_t s = 0; s < steps; ++s) {
     __m512bh x[V];
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v) x[v] = as_bh(_mm512_loadu_si512(a + s * a_step + v * 32));
 #pragma GCC unroll 12
     for (int i = 0; i < I; ++i) {
       const __m512bh pair = broadcast_pair(b + i * b_item + s * b_step);
+#pragma GCC unroll 4
       for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], x[v], pair);
     }
   }
   const __m512 factor = _mm512_set1_ps(scale);
+#pragma GCC unroll 12
   for (int i = 0; i < I; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
       if constexpr (Add)
         _mm512_storeu_ps(out + i * out_item + v * 16, acc[i][v]);
