@@ -332,6 +332,44 @@ TEST(CpuForward, MaxJumpBetweenKeyTilesDropsTheEarlierKeys) {
   }
 }
 
+// Rows whose max rises tile after tile, each at its own pace: by 0.4 to 20 (log2 units)
+// per 96-key tile over 20 tiles. Conditional rescaling (NextReferenceMax) keeps a row's
+// reference m while the rise stays within 8 and P reaches 2^8; it must still match the
+// oracle, and decide row by row: the rows shuffled across the vectors (position p holds
+// row 7p mod L) give each row the same bits.
+TEST(CpuForward, RisingMaxWithConditionalRescalingMatchesOracleRowByRow) {
+  const std::int64_t L = 48, S = 20 * 96;
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor q(dtype, {1, 1, L, 2}), shuffled(dtype, {1, 1, L, 2}), k(dtype, {1, 1, S, 2});
+    std::mt19937_64 rng(11);
+    const Tensor v = convert(random_tensor(DType::float32, {1, 1, S, 3}, rng), dtype);
+    const auto position = [&](std::int64_t i) { return 7 * i % L; };  // 7 and L coprime
+    for (std::int64_t i = 0; i < L; ++i) {
+      const double pace = 0.3 * std::pow(50.0, static_cast<double>(i) / (L - 1));  // 0.3 to 15
+      for (std::int64_t e = 0; e < 2; ++e) {
+        q.set(i * 2 + e, e == 0 ? pace : 0.5);
+        shuffled.set(position(i) * 2 + e, e == 0 ? pace : 0.5);
+      }
+    }
+    for (std::int64_t j = 0; j < S; ++j) {
+      k.set(j * 2, 0.01 * j);              // scores rise along the keys by 1.4·pace a tile
+      k.set(j * 2 + 1, (j % 7) * 0.25 - 0.75);  // and wobble
+    }
+    Options options;
+    options.scale = 1.0;
+    const Agreement a = compare_with_oracle(q.view(), k.view(), v.view(), options);
+    EXPECT_TRUE(a.ok()) << a.describe();
+    const ForwardResult forward_order = forward(q.view(), k.view(), v.view(), options, Returns{false, true});
+    const ForwardResult shuffled_order = forward(shuffled.view(), k.view(), v.view(), options, Returns{false, true});
+    for (std::int64_t i = 0; i < L; ++i) {
+      EXPECT_EQ(forward_order.lse.get(i), shuffled_order.lse.get(position(i))) << "row " << i;
+      for (std::int64_t d = 0; d < 3; ++d)
+        EXPECT_EQ(forward_order.output.get(i * 3 + d), shuffled_order.output.get(position(i) * 3 + d)) << "row " << i;
+    }
+  }
+}
+
 // NaN in an unmasked input reaches the output (pytorch#141128 turned them into 0).
 TEST(CpuForward, NaNInUnmaskedInputsPropagates) {
   std::mt19937_64 rng(9);

@@ -387,7 +387,8 @@ class Task {
           m_part[j] = hn::Max(m_part[j], hn::Load(df, st + (c + j) * rows + lane0));
       for (; c < padded; ++c)
         m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
-      const VF m_new = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
+      const VF m_max = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
+      const VF m_new = NextReferenceMax(m_old, m_max);
       // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
       const VF alpha = Exp2(df, hn::Sub(m_old, m_use));

@@ -46,6 +46,20 @@ constexpr double kLog2e = 1.4426950408889634;
 
 inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
+// The online softmax's next reference m (log2 units) for rows whose max so far, the old m
+// included, is m_max — conditional rescaling, as FlashAttention-4 does: a row keeps its
+// old m while the max rises by at most 8, so its P are at most 2^8 (far from float32's
+// range; l ≤ S · 2^8) and α = 2^0 = 1 leaves Oᵀ as it is. Without it, one of a vector's
+// 16 rows found a new max in most key tiles of a long row, and rescaling Oᵀ was a sixth
+// of the softmax. Lane by lane, so a row's bits depend on its own scores only; the tiles'
+// step (simd/forward.cpp) and the dense decode step (decode_rows-inl.h) share it, so
+// asking for the weights changes no output bit. (An old m of −inf or NaN, or a NaN max:
+// the difference is not ≤ 8, so m takes the max, as without the rule.)
+HWY_INLINE VF NextReferenceMax(VF m_old, VF m_max) {
+  const DF df;
+  return hn::IfThenElse(hn::Le(hn::Sub(m_max, m_old), hn::Set(df, 8.0f)), m_old, m_max);
+}
+
 // st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for `Keys` keys c and
 // a subtile's `Vectors` row vectors (2, 1 for decoding's few rows, 3 for long query
 // groups): Sᵀ from K and Qᵀ (broadcast K[c][e] against a Qᵀ row); the backward's dPᵀ
