@@ -267,8 +267,8 @@ def openvino_call(p: Point, x: Inputs, threads: int):
         compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
                                                      "INFERENCE_PRECISION_HINT": precision,
                                                      "PERFORMANCE_HINT": "LATENCY"})
-        ran = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
-        if precision == "bf16" and "bf16" not in ran:
+        ran = str(compiled.get_property("INFERENCE_PRECISION_HINT"))  # "<Type: 'bfloat16'>" when it holds
+        if precision == "bf16" and "bf16" not in ran and "bfloat16" not in ran:
             note = f"OpenVINO: the bf16 hint runs as {ran} on this CPU (no bfloat16 arithmetic)"
         request = compiled.create_infer_request()
         for name, array, shape in zip("qkv", arrays, shapes):
