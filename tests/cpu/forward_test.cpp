@@ -353,7 +353,7 @@ TEST(CpuForward, RisingMaxWithConditionalRescalingMatchesOracleRowByRow) {
       }
     }
     for (std::int64_t j = 0; j < S; ++j) {
-      k.set(j * 2, 0.01 * j);              // scores rise along the keys by 1.4·pace a tile
+      k.set(j * 2, 0.01 * j);                   // scores rise along the keys by 1.4·pace a tile
       k.set(j * 2 + 1, (j % 7) * 0.25 - 0.75);  // and wobble
     }
     Options options;

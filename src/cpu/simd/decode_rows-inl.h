@@ -395,10 +395,10 @@ inline std::int64_t DenseColumns(std::int64_t cols, std::int64_t group) {
 // of G: turns Sᵀ into Pᵀ in place, updates m and l (the running max and sum, row r at
 // lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
 // gets the bits of the tiles' step (Task::UpdateSoftmax): the same reference m
-// (NextReferenceMax), the same Exp2 of the same differences; the max (the same in any order, but for NaN: a row with a NaN score is
-// NaN in both, its m may differ); and the same sums: column c in chain c mod 4,
-// each chain in column order (read back from Pᵀ a quad of columns, 4·G floats, at a
-// time), the chains then added as (0 + 1) + (2 + 3).
+// (NextReferenceMax), the same Exp2 of the same differences; the max (the same in any
+// order, but for NaN: a row with a NaN score is NaN in both, its m may differ); and the
+// same sums: column c in chain c mod 4, each chain in column order (read back from Pᵀ a
+// quad of columns, 4·G floats, at a time), the chains then added as (0 + 1) + (2 + 3).
 template <std::int64_t G>
 HWY_INLINE VF DenseSoftmaxStep(float* HWY_RESTRICT st, std::int64_t columns, float* HWY_RESTRICT m,
                                float* HWY_RESTRICT l) {
