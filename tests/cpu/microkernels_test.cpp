@@ -1,8 +1,9 @@
 // The SIMD kernels' building blocks, tested one by one on every x86 target this build
 // compiles and this CPU runs, as Highway's own tests do (HWY_EXPORT_AND_TEST_P runs a
-// per-target function once per target): 2^x, the score blocks and tiles, the accumulate
-// blocks, the transposes between row-major and lane-major tiles, the backward's rank
-// update, row loads and stores of every dtype, and the log-sum-exp merge of split keys —
+// per-target function once per target): 2^x, the online softmax's reference max, the
+// score blocks and tiles, the accumulate blocks, the transposes between row-major and
+// lane-major tiles, the backward's rank update, row loads and stores of every dtype, and
+// the log-sum-exp merge of split keys —
 // each against the same computation in float64. A target whose microkernel is wrong
 // fails here by name, before the whole-kernel tests
 // (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
@@ -63,9 +64,11 @@ HWY_NOINLINE void TestExp2() {
   const DF df;
   const std::size_t N = hn::Lanes(df);
   std::vector<float> inputs;
-  for (float x = -125.0f; x <= 0.0f; x += 1.0f / 64) inputs.push_back(x);
+  // Up to 8: conditional rescaling (NextReferenceMax) lets a score exceed its row's
+  // reference m by that much.
+  for (float x = -125.0f; x <= 8.0f; x += 1.0f / 64) inputs.push_back(x);
   std::mt19937 rng(1);
-  std::uniform_real_distribution<float> uniform(-125.0f, 0.0f);
+  std::uniform_real_distribution<float> uniform(-125.0f, 8.0f);
   for (int n = 0; n < 1000; ++n) inputs.push_back(uniform(rng));
   const float below = -125.5f, far_below = -1e30f;  // 2^x under float's normal range: exactly 0
   inputs.insert(inputs.end(), {below, far_below, -std::numeric_limits<float>::infinity(),
@@ -84,6 +87,39 @@ HWY_NOINLINE void TestExp2() {
       const double exact = std::exp2(static_cast<double>(in));
       // Degree-6 Taylor on [−½, ½] (≤ 1.2e-7) plus the float rounding of Horner's steps.
       EXPECT_LE(std::abs(y[n] - exact), 4e-7 * exact) << "2^" << in;
+    }
+  }
+}
+
+// The online softmax's reference max: kept while the max rises by at most 8, moved to
+// the max beyond (a rise of 8 plus one ulp), and moved to the max from −inf or NaN or to
+// a NaN max; lane by lane (the cases are laid across the lanes in turn).
+HWY_NOINLINE void TestNextReferenceMax() {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    float m_old, m_max;
+    bool kept;
+  };
+  const std::vector<Case> cases = {
+      {3.0f, 3.0f, true},         {3.0f, 11.0f, true},   {3.0f, std::nextafter(11.0f, inf), false},
+      {0.0f, 7.5f, true},         {-100.0f, -92.0f, true}, {-100.0f, -91.5f, false},
+      {-inf, 2.0f, false},        {-inf, -inf, false},   {nan, 2.0f, false},
+      {2.0f, nan, false},         {-1e30f, 0.0f, false}};
+  auto m_old = hwy::AllocateAligned<float>(N), m_max = hwy::AllocateAligned<float>(N);
+  auto got = hwy::AllocateAligned<float>(N);
+  for (std::size_t first = 0; first < cases.size(); ++first) {
+    for (std::size_t i = 0; i < N; ++i) {
+      const Case& c = cases[(first + i) % cases.size()];
+      m_old[i] = c.m_old, m_max[i] = c.m_max;
+    }
+    hn::Store(NextReferenceMax(hn::Load(df, m_old.get()), hn::Load(df, m_max.get())), df, got.get());
+    for (std::size_t i = 0; i < N; ++i) {
+      const Case& c = cases[(first + i) % cases.size()];
+      const float want = c.kept ? c.m_old : c.m_max;
+      EXPECT_TRUE(got[i] == want || (std::isnan(got[i]) && std::isnan(want)))
+          << "old m " << c.m_old << ", max " << c.m_max << ": got " << got[i];
     }
   }
 }
@@ -364,6 +400,7 @@ namespace sdpa::detail {
 
 HWY_BEFORE_TEST(Microkernels);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestExp2);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestNextReferenceMax);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreBlock);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestScoreTile);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestTranspose);

@@ -157,7 +157,9 @@ TEST_F(EveryTarget, HalfInfinityAndNaNInKeysAndValuesPropagate) {
 // (decode_rows-inl.h: DenseSoftmaxStep); asking for the weights keeps the tiles' layout.
 // Both must give each row the same bits (output and lse): every row count 1–8, several
 // key tiles and a partial one, keys split in parts whose states are merged (S >= 4096),
-// a bool mask (applied at the dense stride), on every target.
+// a bool mask (applied at the dense stride), scores that rise along the keys at each
+// row's own pace (so that conditional rescaling, NextReferenceMax, keeps some rows'
+// reference and moves others'), on every target.
 TEST_F(EveryTarget, DenseDecodeSoftmaxGivesTheTilesBits) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     Choose(target);
@@ -165,23 +167,28 @@ TEST_F(EveryTarget, DenseDecodeSoftmaxGivesTheTilesBits) {
     std::mt19937_64 rng(static_cast<std::uint64_t>(target) + 4);
     for (DType dtype : {DType::float32, DType::bfloat16, DType::int8})
       for (bool masked : {false, true})
-        for (std::int64_t S : {300, 5000})
-          for (std::int64_t rows = 1; rows <= 8; ++rows) {
-            SCOPED_TRACE(std::string(dtype_name(dtype)) + (masked ? ", masked" : "") + ", S = " + std::to_string(S) +
-                         ", rows = " + std::to_string(rows));
-            const DType q_dtype = dtype == DType::int8 ? DType::float32 : dtype;
-            const Tensor q = random_tensor(q_dtype, {1, rows, 1, 40}, rng),
-                         k = random_tensor(q_dtype, {1, 1, S, 40}, rng), v = random_tensor(q_dtype, {1, 1, S, 24}, rng);
-            Tensor mask(DType::boolean, {1, S});
-            for (std::int64_t j = 0; j < S; ++j) mask.set(j, j % 7 == 3 || (j >= 100 && j < 200) ? 0.0 : 1.0);
-            Options options;
-            if (masked) options.mask = mask.view();
-            const KeysAndValues kv(k, v, dtype, options);
-            const ForwardResult dense = forward(q.view(), kv.keys, kv.values, options, Returns{false, true});
-            const ForwardResult tiles = forward(q.view(), kv.keys, kv.values, options, Returns{true, true});
-            EXPECT_TRUE(bitwise_equal(dense.output, tiles.output));
-            EXPECT_TRUE(bitwise_equal(dense.lse, tiles.lse));
-          }
+        for (bool rising : {false, true})
+          for (std::int64_t S : {300, 5000})
+            for (std::int64_t rows = 1; rows <= 8; ++rows) {
+              SCOPED_TRACE(std::string(dtype_name(dtype)) + (masked ? ", masked" : "") + (rising ? ", rising" : "") +
+                           ", S = " + std::to_string(S) + ", rows = " + std::to_string(rows));
+              const DType q_dtype = dtype == DType::int8 ? DType::float32 : dtype;
+              Tensor q = random_tensor(q_dtype, {1, rows, 1, 40}, rng), k = random_tensor(q_dtype, {1, 1, S, 40}, rng);
+              const Tensor v = random_tensor(q_dtype, {1, 1, S, 24}, rng);
+              if (rising) {  // row r's score rises by (r + 1) · 0.5 (natural units) per 96 keys, plus the noise
+                for (std::int64_t r = 0; r < rows; ++r) q.set(r * 40, 0.5 * (r + 1));
+                for (std::int64_t j = 0; j < S; ++j) k.set(j * 40, j / 96.0 * std::sqrt(40.0));
+              }
+              Tensor mask(DType::boolean, {1, S});
+              for (std::int64_t j = 0; j < S; ++j) mask.set(j, j % 7 == 3 || (j >= 100 && j < 200) ? 0.0 : 1.0);
+              Options options;
+              if (masked) options.mask = mask.view();
+              const KeysAndValues kv(k, v, dtype, options);
+              const ForwardResult dense = forward(q.view(), kv.keys, kv.values, options, Returns{false, true});
+              const ForwardResult tiles = forward(q.view(), kv.keys, kv.values, options, Returns{true, true});
+              EXPECT_TRUE(bitwise_equal(dense.output, tiles.output));
+              EXPECT_TRUE(bitwise_equal(dense.lse, tiles.lse));
+            }
   }
 }
 

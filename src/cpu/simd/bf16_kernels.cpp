@@ -30,7 +30,8 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
                                         std::int64_t out_item, float scale = 1.0f) {
   // Every loop over the accumulators fully unrolled: GCC otherwise keeps them in a stack
   // array as well, and zeroes, stores and reloads it around the loop on each call (7 %
-  // of a 64-step score block on Zen 4).
+  // of a 64-step score block on Zen 4). The pragmas' counts bound the block.
+  static_assert(I <= 12 && V <= 4, "the unroll pragmas below cover at most 12 items and 4 vectors");
   __m512 acc[I][V];
 #pragma GCC unroll 12
   for (int i = 0; i < I; ++i)

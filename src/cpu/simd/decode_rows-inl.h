@@ -29,6 +29,9 @@
 
 #include "common/problem.h"
 #include "hwy/highway.h"
+#if HWY_ARCH_X86
+#include <xmmintrin.h>  // _mm_prefetch (PrefetchLine)
+#endif
 // Per-target headers go after highway.h.
 #include "cpu/simd/exp2-inl.h"
 #include "cpu/simd/microkernels-inl.h"
@@ -392,8 +395,8 @@ inline std::int64_t DenseColumns(std::int64_t cols, std::int64_t group) {
 }
 
 // The online-softmax step over a dense Sᵀ of `columns` columns (DenseColumns) in groups
-// of G: turns Sᵀ into Pᵀ in place, updates m and l (the running max and sum, row r at
-// lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
+// of G: turns Sᵀ into Pᵀ in place, updates m and l (the reference max and the sum, row r
+// at lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
 // gets the bits of the tiles' step (Task::UpdateSoftmax): the same reference m
 // (NextReferenceMax), the same Exp2 of the same differences; the max (the same in any
 // order, but for NaN: a row with a NaN score is NaN in both, its m may differ); and the

@@ -31,10 +31,12 @@ HWY_INLINE VF Exp2Fraction(DF df, VF f) {
   return hn::MulAdd(p, f, hn::Set(df, 1.0f));
 }
 
-// 2^x for x <= 0, −inf and NaN: x = n + f with n = round(x) (to nearest, ties to even),
-// f ∈ [−½, ½]; 2^f by Exp2Fraction, times 2^n. x < −125 gives exactly 0 (masked scores are
-// −inf); NaN stays NaN. For x ≥ −125, p · 2^n ≥ 2^−125.5 is a normal float, so the product
-// is exact and both forms below give the same bits.
+// 2^x for x ≤ 8 (any x < 128), −inf and NaN — x ≤ 8, not 0: conditional rescaling
+// (NextReferenceMax) lets a score exceed its row's reference m by up to 8. x = n + f with
+// n = round(x) (to nearest, ties to even), f ∈ [−½, ½]; 2^f by Exp2Fraction, times 2^n.
+// x < −125 gives exactly 0 (masked scores are −inf); NaN stays NaN. For −125 ≤ x < 128,
+// p · 2^n is a normal float (≥ 2^−125.5), so the product is exact and both forms below
+// give the same bits (checked for every float in [−130, 8]).
 template <class DF, class VF = hn::Vec<DF>>
 HWY_INLINE VF Exp2(DF df, VF x) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3

@@ -9,7 +9,9 @@
 // row — max, exp, sum over keys — runs across registers, lane-wise, with no horizontal
 // reduction. The recurrence per key tile (FlashAttention-2, Dao 2023), in log2 units
 // (Q is pre-multiplied by scale·log2(e), a float mask by log2(e)):
-//   m' = max(m, max_c t_c);  α = 2^(m − m');  p_c = 2^(t_c − m');
+//   m' = max(m, max_c t_c), kept at m while that rises by ≤ 8 (NextReferenceMax:
+//        conditional rescaling, so m is a reference, not always the max);
+//   α = 2^(m − m');  p_c = 2^(t_c − m');
 //   l' = α·l + Σ_c p_c;      Oᵀ' = α·Oᵀ + Σ_c V_c ⊗ drop_c·p_c
 // and finally O = Oᵀᵀ / l, lse = m·ln2 + ln l. A row with l = 0 saw no key: output 0,
 // lse −inf. NaN scores propagate through 2^(NaN) into l and the output. An attention
@@ -75,7 +77,7 @@ constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyB
 // each K/V tile, once loaded into the cache, serves all of them (long sequences would
 // otherwise stream K and V from memory once per 32 queries).
 struct Subtile : RowSet {
-  hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, running max and sum
+  hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, reference max and running sum
   // Oᵀ holds nothing yet in this Attend (it stands for 0): the first P·V writes it instead
   // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
   // load of Oᵀ.
@@ -410,17 +412,18 @@ class Task {
     if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
   }
 
-  // Oᵀ's lanes [lane0, lane0 + N) times α, their rows' factor from a softmax step that
-  // found the max m_old before it.
+  // Oᵀ's lanes [lane0, lane0 + N) times α, their rows' factor from a softmax step whose
+  // reference max was m_old before it.
   void RescaleOutputs(Subtile& t, std::size_t lane0, VF m_old, VF alpha) {
     const DF df;
     // Nothing to rescale while Oᵀ is fresh (not written yet), nor where every lane is
-    // left as it is: a lane whose max did not rise (α = 1, the usual case once a decode
-    // has seen a few tiles: x · 1 is x, NaN included), or one that has seen no key yet
-    // (m = −inf, after tiles the band hid; and the padding lanes of a dense Sᵀ): Oᵀ holds
-    // only +0 there, or NaN from a NaN or infinite value under a zero weight, and α = 0
-    // would leave it so. (α = 0 alone is not enough: 2^x is 0 below −125, so a row whose
-    // max rises that far between tiles must still have its Oᵀ zeroed.)
+    // left as it is: a lane that kept its reference m (α = 1: its max did not rise by
+    // more than 8, the usual case after a row's first tiles; x · 1 is x, NaN included),
+    // or one that has seen no key yet (m = −inf, after tiles the band hid; and the
+    // padding lanes of a dense Sᵀ): Oᵀ holds only +0 there, or NaN from a NaN or infinite
+    // value under a zero weight, and α = 0 would leave it so. (α = 0 alone is not enough:
+    // 2^x is 0 below −125, so a row whose max rises that far between tiles must still
+    // have its Oᵀ zeroed.)
     const auto unseen = hn::And(hn::Eq(m_old, hn::Set(df, kMinusInf)), hn::Eq(alpha, hn::Zero(df)));
     if (t.ot_fresh || hn::AllTrue(df, hn::Or(hn::Eq(alpha, hn::Set(df, 1.0f)), unseen))) return;
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // (not reloaded after each store)

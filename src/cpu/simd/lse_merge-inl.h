@@ -23,8 +23,8 @@ namespace HWY_NAMESPACE {
 namespace simd {
 
 // The state of one split of the keys for one subtile (`rows` query rows): what the
-// online softmax holds before the division by l — the running max m (rows floats, log2
-// units), the sum l (rows), then Oᵀ (max(Ev, 1) × rows).
+// online softmax holds before the division by l — the reference max m (rows floats, log2
+// units; NextReferenceMax), the sum l (rows), then Oᵀ (max(Ev, 1) × rows).
 inline std::int64_t SplitStateFloats(std::size_t rows, std::int64_t Ev) {
   return (2 + std::max<std::int64_t>(Ev, 1)) * static_cast<std::int64_t>(rows);
 }

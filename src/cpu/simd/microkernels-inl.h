@@ -46,8 +46,9 @@ constexpr double kLog2e = 1.4426950408889634;
 
 inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// The online softmax's next reference m (log2 units) for rows whose max so far, the old m
-// included, is m_max — conditional rescaling, as FlashAttention-4 does: a row keeps its
+// The online softmax's next reference m (log2 units) for rows whose old reference is
+// m_old and whose scores so far peak at m_max (≥ m_old: the old m included) —
+// conditional rescaling, as FlashAttention-4 does: a row keeps its
 // old m while the max rises by at most 8, so its P are at most 2^8 (far from float32's
 // range; l ≤ S · 2^8) and α = 2^0 = 1 leaves Oᵀ as it is. Without it, one of a vector's
 // 16 rows found a new max in most key tiles of a long row, and rescaling Oᵀ was a sixth
