@@ -335,8 +335,8 @@ TEST(CpuForward, MaxJumpBetweenKeyTilesDropsTheEarlierKeys) {
 // Rows whose max rises tile after tile, each at its own pace: by 0.4 to 20 (log2 units)
 // per 96-key tile over 20 tiles. Conditional rescaling (NextReferenceMax) keeps a row's
 // reference m while the rise stays within 8 and P reaches 2^8; it must still match the
-// oracle, and decide row by row: the rows shuffled across the vectors (position p holds
-// row 7p mod L) give each row the same bits.
+// oracle, and decide row by row: the rows shuffled across the vectors (row i at position
+// 7i mod L) give each row the same bits.
 TEST(CpuForward, RisingMaxWithConditionalRescalingMatchesOracleRowByRow) {
   const std::int64_t L = 48, S = 20 * 96;
   for (DType dtype : {DType::float32, DType::bfloat16}) {
