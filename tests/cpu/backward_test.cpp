@@ -26,19 +26,15 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
-  const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
   const std::int64_t dims[] = {1, 8, 40, 64, 80, 96, 111, 128, 256};
-  int n = 0;
-  for (std::int64_t L : lengths)
-    for (std::int64_t S : lengths)
-      for (std::int64_t E : dims) {
-        if ((n++ % 4) != 0) continue;  // a quarter of the grid, every value of each axis covered
-        Case c;
-        c.batch = {1};
-        c.heads_q = c.heads_kv = 1;
-        c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
-        expect_gradients_agree(c, n);
-      }
+  // A quarter of the grid.
+  for_sampled_awkward_shapes(dims, 4, 0, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
+    Case c;
+    c.batch = {1};
+    c.heads_q = c.heads_kv = 1;
+    c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
+    expect_gradients_agree(c, n);
+  });
 }
 
 // bfloat16 on the hostile grid: on a CPU with vdpbf16ps its own kernels (bfloat16
@@ -48,22 +44,18 @@ TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
 // error, to the last digit, so it comes from what they share — the forward's bfloat16 O
 // in D, the rounding of dK — not from the products.)
 TEST(CpuBackward, Bfloat16AwkwardShapesMatchOracle) {
-  const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
   const std::int64_t dims[] = {3, 8, 40, 64, 80, 96, 111, 128, 256};
   const std::pair<std::int64_t, std::int64_t> heads[] = {{1, 1}, {2, 1}, {5, 1}, {4, 2}};
-  int n = 0;
-  for (std::int64_t L : lengths)
-    for (std::int64_t S : lengths)
-      for (std::int64_t E : dims) {
-        if ((n++ % 5) != 1) continue;  // a fifth of the grid, every value of each axis covered
-        Case c;
-        c.dtype = DType::bfloat16;
-        c.batch = {1};
-        std::tie(c.heads_q, c.heads_kv) = heads[n % 4];
-        c.L = L, c.S = S, c.E = E, c.Ev = (n % 3) ? E : dims[(n + 4) % 9];
-        c.causal = n % 2 ? Causal::bottom_right : Causal::none;
-        expect_gradients_agree(c, n);
-      }
+  // A fifth of the grid.
+  for_sampled_awkward_shapes(dims, 5, 1, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
+    Case c;
+    c.dtype = DType::bfloat16;
+    c.batch = {1};
+    std::tie(c.heads_q, c.heads_kv) = heads[n % 4];
+    c.L = L, c.S = S, c.E = E, c.Ev = (n % 3) ? E : dims[(n + 4) % 9];
+    c.causal = n % 2 ? Causal::bottom_right : Causal::none;
+    expect_gradients_agree(c, n);
+  });
 }
 
 // A NaN in a key that some rows do not see stays out of what those rows give, in both

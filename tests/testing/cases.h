@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "testing/helpers.h"
@@ -39,6 +40,21 @@ struct Case {
 // The small case the score modifiers' tests start from: float64, B = 2, GQA 4:2, L = 7,
 // S = 11, E = 5, Ev = 6.
 Case small_gqa_case();
+
+// The awkward-shape grid: L and S each of {1, 3, 17, 113, 127, 129} (small odd lengths,
+// and either side of a 128-row block) against E of `dims`. Calls f(L, S, E, n) on the points
+// whose running index (from 0, in L, S, E order) is `phase` mod `every`, with n the index
+// of the point after it: a sample that still takes every value of each axis, and n a
+// seed and a picker for the case's other axes.
+template <class F>
+void for_sampled_awkward_shapes(std::span<const std::int64_t> dims, int every, int phase, F f) {
+  const std::int64_t lengths[] = {1, 3, 17, 113, 127, 129};
+  int n = 0;
+  for (std::int64_t L : lengths)
+    for (std::int64_t S : lengths)
+      for (std::int64_t E : dims)
+        if (n++ % every == phase) f(L, S, E, n);
+}
 
 // (batch..., heads, rows, cols)
 Shape shape_of(const Shape& batch, std::int64_t heads, std::int64_t rows, std::int64_t cols);

@@ -397,8 +397,8 @@ inline std::int64_t DenseColumns(std::int64_t cols, std::int64_t group) {
 // The online-softmax step over a dense Sᵀ of `columns` columns (DenseColumns) in groups
 // of G: turns Sᵀ into Pᵀ in place, updates m and l (the reference max and the sum, row r
 // at lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
-// gets the bits of the tiles' step (Task::UpdateSoftmax): the same reference m
-// (NextReferenceMax), the same Exp2 of the same differences; the max (the same in any
+// gets the bits of the tiles' step (Task::UpdateSoftmax): the same reference m, shift
+// and α (NextReference), the same Exp2 of the same differences; the max (the same in any
 // order, but for NaN: a row with a NaN score is NaN in both, its m may differ); and the
 // same sums: column c in chain c mod 4, each chain in column order (read back from Pᵀ a
 // quad of columns, 4·G floats, at a time), the chains then added as (0 + 1) + (2 + 3).
@@ -421,10 +421,7 @@ HWY_INLINE VF DenseSoftmaxStep(float* HWY_RESTRICT st, std::int64_t columns, flo
   const VF m_old = hn::Load(df, m);
   hn::Store(m_old, df, rows);
   for (std::int64_t i = 0; i < N; ++i) rows[i % G] = lanes[i] > rows[i % G] ? lanes[i] : rows[i % G];
-  const VF m_new = NextReferenceMax(m_old, hn::Load(df, rows));
-  // A row whose scores are all −inf so far subtracts 0, not −inf (as the tiles' step).
-  const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
-  const VF alpha = Exp2(df, hn::Sub(m_old, m_use));
+  const auto [m_new, m_use, alpha] = NextReference(m_old, hn::Load(df, rows));
   hn::Store(m_use, df, rows);
   for (std::int64_t i = 0; i < N; ++i) lanes[i] = rows[i % G];
   const VF m_spread = hn::Load(df, lanes);  // m_use, lane i for row i mod G

@@ -390,10 +390,7 @@ class Task {
       for (; c < padded; ++c)
         m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
       const VF m_max = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
-      const VF m_new = NextReferenceMax(m_old, m_max);
-      // A lane whose scores are all −inf so far subtracts 0, not −inf (−inf − −inf = NaN).
-      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(df, kMinusInf)), m_new);
-      const VF alpha = Exp2(df, hn::Sub(m_old, m_use));
+      const auto [m_new, m_use, alpha] = NextReference(m_old, m_max);
       VF sum[kPartials] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
       const auto exponentiate = [&](std::int64_t c, VF& partial) {
         float* at = st + c * rows + lane0;

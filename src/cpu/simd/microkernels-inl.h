@@ -16,6 +16,8 @@
 #include <type_traits>
 
 #include "hwy/highway.h"
+// Per-target headers go after highway.h.
+#include "cpu/simd/exp2-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -59,6 +61,20 @@ inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n +
 HWY_INLINE VF NextReferenceMax(VF m_old, VF m_max) {
   const DF df;
   return hn::IfThenElse(hn::Le(hn::Sub(m_max, m_old), hn::Set(df, 8.0f)), m_old, m_max);
+}
+
+// One online-softmax step's bookkeeping, shared by the tiles' step and the dense decode
+// step so that both give a row the same bits: the next reference m (NextReferenceMax),
+// what the scores subtract (m, or 0 where m is −inf: a row that has seen no key yet,
+// where −inf − −inf would be NaN), and α = 2^(m_old − shift), the factor of l and Oᵀ.
+struct SoftmaxReference {
+  VF m, shift, alpha;
+};
+HWY_INLINE SoftmaxReference NextReference(VF m_old, VF m_max) {
+  const DF df;
+  const VF m = NextReferenceMax(m_old, m_max);
+  const VF shift = hn::IfThenZeroElse(hn::Eq(m, hn::Set(df, kMinusInf)), m);
+  return {m, shift, Exp2(df, hn::Sub(m_old, shift))};
 }
 
 // st[c·st_stride + ·] = Σ_e k[c·k_stride + e] · qt[e·rows + ·] for `Keys` keys c and
