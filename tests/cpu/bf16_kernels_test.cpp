@@ -2,7 +2,7 @@
 // sums of the same bfloat16 values, and the packing against float_to_bf16: offsets,
 // strides and widths the whole-kernel tests reach only by chance (a pair range that
 // starts past 0, output strides other than a tile's, widths of 1, 3 and 17 vectors, an
-// odd width's zero partner). Skipped on a CPU without AVX-512 BF16, where nothing calls
+// odd width's zero partner; the decode scores' row counts and masked tails). Skipped on a CPU without AVX-512 BF16, where nothing calls
 // them.
 #include "cpu/simd/bf16_kernels.h"
 
@@ -150,6 +150,45 @@ TEST(Bf16Kernels, PackValuesAndAccumulate) {
         ASSERT_NEAR(ot[d * kRows + r], want, 1e-5 * (1 + std::abs(want))) << d << " " << r;
       }
   }
+}
+
+// The decode scores, lanes along E: every row count (16 accumulators: 16/R keys a block,
+// then single keys for the rest of cols = 37), E below, at and off the 32-element step
+// (its masked last loads), the dense Sᵀ (stride = rows) and a wider one. Each key's
+// row sits in its own buffer, as a cache's rows may, and K holds NaN past E, which the
+// masked loads must not reach; the rows' pointers run `ahead` past cols (the
+// prefetches' targets).
+TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937_64 rng(5);
+  const std::int64_t cols = 37, ahead = 4;
+  const std::uint16_t nan = 0x7fc0;
+  for (std::int64_t E : {1, 31, 32, 33, 100, 128})
+    for (std::int64_t rows = 1; rows <= kMaxDecodeRows; ++rows)
+      for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
+        SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
+        const auto q = random_bf16(rows * E, rng);
+        std::vector<std::vector<std::uint16_t>> keys;
+        std::vector<const std::byte*> k_rows;
+        for (std::int64_t c = 0; c < cols + ahead; ++c) {
+          keys.push_back(random_bf16(E, rng));
+          keys.back().resize(E + 32, nan);
+        }
+        for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
+        std::vector<float> st(cols * st_stride, -1.0f);
+        row_scores(q.data(), rows, E, k_rows.data(), cols, ahead, 0.25f, st.data(), st_stride);
+        for (std::int64_t c = 0; c < cols; ++c)
+          for (std::int64_t r = 0; r < st_stride; ++r) {
+            if (r >= rows) {  // lanes past the rows untouched
+              ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
+              continue;
+            }
+            double want = 0;
+            for (std::int64_t e = 0; e < E; ++e)
+              want += double{bf16_to_float(q[r * E + e])} * bf16_to_float(keys[c][e]);
+            ASSERT_NEAR(st[c * st_stride + r], 0.25 * want, 1e-5 * (1 + std::abs(want))) << c << " " << r;
+          }
+      }
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace sdpa::detail::bf16 {
 
@@ -59,11 +59,93 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
         _mm512_storeu_ps(out + i * out_item + v * 16, _mm512_mul_ps(acc[i][v], factor));
 }
 
+// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
+// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
+// dependent chain. The order of the adds is fixed, so a score's bits are.
+// (GCC 12 flags the self-initialised `_mm512_undefined_ps` inside these intrinsics as
+// uninitialised once the zero padding folds away, for M = 1: its bug 105593.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <int M>
+SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
+  static_assert(M >= 1 && M <= 16, "one vector of sums");
+  __m512 at[16];  // (a lambda would not take the function's target)
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) at[i] = i < M ? acc[i] : _mm512_setzero_ps();
+  // In each 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of the vectors 2i (a), 2i+1 (b).
+  __m512 pairs[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
+  // Block k of quads[j]: the sums over block k of the vectors 4j .. 4j+3.
+  __m512 quads[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512d x = _mm512_castps_pd(pairs[2 * j]), y = _mm512_castps_pd(pairs[2 * j + 1]);
+    quads[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
+  const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+  const __m512 q23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44),
+                                   _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
+}
+#pragma GCC diagnostic pop
+
+// Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
+// registers and each key's vector is read once per step, so that Keys · R = 16
+// accumulators, R q vectors and a key vector fit the 32 registers.
+template <int R, int Keys>
+SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
+                                            std::int64_t c, std::int64_t ahead, float scale, float* st,
+                                            std::int64_t st_stride) {
+  constexpr int M = Keys * R;
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::uint16_t*>(k_rows[c + i]); };  // (no intrinsics)
+  __m512 acc[M];
+#pragma GCC unroll 16
+  for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+  // 32 dims a step, the last step masked to E (its lanes past E read as 0 in both
+  // operands: a key's NaN past E never meets them).
+  for (std::int64_t e = 0; e < E; e += 32) {
+    const __mmask32 mask = E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1;
+    __m512bh qv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) qv[r] = as_bh(_mm512_maskz_loadu_epi16(mask, q + r * E + e));
+#pragma GCC unroll 16
+    for (int k = 0; k < Keys; ++k) {
+      const __m512bh kv = as_bh(_mm512_maskz_loadu_epi16(mask, key(k) + e));
+      _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[k * R + r] = _mm512_dpbf16_ps(acc[k * R + r], qv[r], kv);
+    }
+  }
+  const __m512 sums = _mm512_mul_ps(lane_sums<M>(acc), _mm512_set1_ps(scale));
+  if (st_stride == R) {  // a dense Sᵀ: the keys' scores lie in the sums' order
+    _mm512_mask_storeu_ps(st + c * R, static_cast<__mmask16>((1u << M) - 1), sums);
+    return;
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sums);
+  for (int k = 0; k < Keys; ++k)
+    for (int r = 0; r < R; ++r) st[(c + k) * st_stride + r] = lanes[k * R + r];
+}
+
+template <int R>
+SDPA_BF16_TARGET void row_scores_for(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
+                                     std::int64_t cols, std::int64_t ahead, float scale, float* st,
+                                     std::int64_t st_stride) {
+  constexpr int kKeys = 16 / R;
+  std::int64_t c = 0;
+  for (; c + kKeys <= cols; c += kKeys) row_score_keys<R, kKeys>(q, E, k_rows, c, ahead, scale, st, st_stride);
+  for (; c < cols; ++c) row_score_keys<R, 1>(q, E, k_rows, c, ahead, scale, st, st_stride);
+}
+
 }  // namespace
 
 bool supported() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bf16");
 }
 
@@ -159,6 +241,16 @@ SDPA_BF16_TARGET void rank_update(const std::uint16_t* wt, std::int64_t wt_strid
     OuterBlock<kRankKeys, 2, true>(x + 2 * d, 2 * width, w, wt_stride, 2, steps, acc + d, acc_stride);
   for (; d < width; d += 16)
     OuterBlock<kRankKeys, 1, true>(x + 2 * d, 2 * width, w, wt_stride, 2, steps, acc + d, acc_stride);
+}
+
+void row_scores(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
+                std::int64_t cols, std::int64_t ahead, float scale, float* st, std::int64_t st_stride) {
+  using Kernel = void (*)(const std::uint16_t*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
+                          float, float*, std::int64_t);
+  static constexpr Kernel kernels[kMaxDecodeRows] = {row_scores_for<1>, row_scores_for<2>, row_scores_for<3>,
+                                                     row_scores_for<4>, row_scores_for<5>, row_scores_for<6>,
+                                                     row_scores_for<7>, row_scores_for<8>};
+  kernels[rows - 1](q, E, k_rows, cols, ahead, scale, st, st_stride);
 }
 
 }  // namespace sdpa::detail::bf16

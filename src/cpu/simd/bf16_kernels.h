@@ -14,6 +14,7 @@
 //   weights       wt[c][r]  (bfloat16-rounded Wᵀ or dSᵀ: rows r, r+1 adjacent, a pair)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace sdpa::detail::bf16 {
@@ -22,7 +23,7 @@ constexpr int kRows = 32;      // query rows per tile
 constexpr int kKeyBlock = 12;  // keys per score_block call
 constexpr int kValueBlock = 8; // value dims per accumulate register block
 
-// True when the CPU has AVX-512 F, BW and BF16.
+// True when the CPU has AVX-512 F, BW, VL and BF16.
 bool supported();
 
 // st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
@@ -68,5 +69,14 @@ constexpr int kRankKeys = 6;  // keys per rank_update call
 // for kRankKeys keys c and d < width (a multiple of 16); xp's pairs are 2·width apart.
 void rank_update(const std::uint16_t* wt, std::int64_t wt_stride, std::int64_t pair0, std::int64_t pair1,
                  const std::uint16_t* xp, std::int64_t width, float* acc, std::int64_t acc_stride);
+
+// Decoding (a few query rows against K rows read in place: cpu/simd/decode_rows-inl.h):
+// st[c·st_stride + r] = scale · Σ_e q[r][e] · K_c[e] for keys c < cols and rows r <
+// rows (1 to 8); q row-major (rows × E), K_c = k_rows[c] (unit stride). The lanes run
+// along E, so each score ends in a sum of lanes. Requests the lines of k_rows[c + ahead]
+// into L2 while it reads k_rows[c] (k_rows holds cols + ahead rows).
+constexpr int kMaxDecodeRows = 8;
+void row_scores(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
+                std::int64_t cols, std::int64_t ahead, float scale, float* st, std::int64_t st_stride);
 
 }  // namespace sdpa::detail::bf16

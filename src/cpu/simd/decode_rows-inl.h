@@ -51,7 +51,7 @@ constexpr std::int64_t kFewRows = 8;
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
 // the next tile's lines at the tile's start (the previous way) left the two in turn.
 // 16 rows: 8 KiB ahead for float32 at E = 128 (docs/performance.md, "Decoding").
-constexpr std::int64_t kRowsAhead = 16;
+constexpr std::int64_t kRowsAhead = 32;
 
 // Requests the 64-byte line of row[e] into L2 if e starts one (e: a multiple of the
 // lanes). Into L2, not L1 (prefetcht1, not hwy::Prefetch's prefetcht0): on the Zen 4 of

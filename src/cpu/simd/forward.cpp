@@ -33,6 +33,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -83,6 +84,7 @@ struct Subtile : RowSet {
   // load of Oᵀ.
   bool ot_fresh = true;
   hwy::AlignedFreeUniquePtr<float[]> q_rows;      // decode rows: Q (scaled) row-major, kFewRows × E
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;  // decode rows on vdpbf16ps: Q (bfloat16, unscaled) row-major
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;  // bfloat16 path: query pairs
 };
 
@@ -108,6 +110,7 @@ struct Scratch {
       if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
       // Whatever this call's K: the scratch is kept for later calls with other dtypes.
       t.q_rows = allocate_aligned<float>(kFewRows * p.E);
+      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * p.E);
       t.rows.reserve(rows);
     }
     st = allocate_aligned<float>(kKeyTile * rows);
@@ -162,7 +165,13 @@ struct KeyRows {
 template <std::size_t kVectors>
 class Task {
  public:
-  Task(const Problem& p, Scratch<kVectors>& s, bool bf16_path) : p_(p), s_(s), n_(hn::Lanes(DF())), bf16_(bf16_path) {}
+  Task(const Problem& p, Scratch<kVectors>& s, bool bf16_path)
+      : p_(p),
+        s_(s),
+        n_(hn::Lanes(DF())),
+        bf16_(bf16_path),
+        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
+                         bf16::supported()) {}
 
   // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
   // share KV head `head_kv` of batch `b`: all keys, then the outputs.
@@ -238,6 +247,7 @@ class Task {
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
+    static_assert(bf16::kMaxDecodeRows >= kFewRows, "bf16::row_scores takes every decode task's rows");
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
     // Both read in place, and no step that works lane by lane: the dense Sᵀ.
     const std::int64_t group = DenseGroup(row_count);
@@ -289,8 +299,14 @@ class Task {
         LoadRow(p_.query, t.rows[r].matrix, t.rows[r].i, 0, p_.E, q_rows + r * p_.E);
       if (few_keys_ > 0) {
         // The decode kernels read Q row-major (decode_rows-inl.h), scaled alike, and
-        // nothing reads Qᵀ: no transpose.
-        for (std::size_t x = 0; x < static_cast<std::size_t>(rows) * E; ++x) t.q_rows[x] = q_rows[x] * c;
+        // nothing reads Qᵀ: no transpose. bf16::row_scores reads the bfloat16 values
+        // (widened to float32 exactly by LoadRow: the top half of the bits) and scales
+        // the scores instead.
+        const std::size_t count = static_cast<std::size_t>(rows) * E;
+        if (bf16_row_scores_)
+          for (std::size_t x = 0; x < count; ++x) t.q16[x] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(q_rows[x]) >> 16);
+        else
+          for (std::size_t x = 0; x < count; ++x) t.q_rows[x] = q_rows[x] * c;
         return;
       }
       std::fill(q_rows + rows * p_.E, q_rows + s_.rows * E, 0.0f);  // zero padding lanes compute 0
@@ -337,8 +353,12 @@ class Task {
       // give: one fill of the tile, not one per column (a call each, ~20 % of an int8
       // decode's kernel time).
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
-      RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
-                p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, stride);
+      if (bf16_row_scores_)
+        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead,
+                         static_cast<float>(p_.scale * kLog2e), st, static_cast<std::int64_t>(stride));
+      else
+        RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
+                  p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, stride);
     } else if (bf16_) {
       const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
@@ -584,6 +604,9 @@ class Task {
   Scratch<kVectors>& s_;
   const std::size_t n_;
   const bool bf16_;
+  // Decoding bfloat16 Q against bfloat16 K: the scores on vdpbf16ps (bf16::row_scores),
+  // not widened to float32.
+  const bool bf16_row_scores_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_rows-inl.h), else 0
