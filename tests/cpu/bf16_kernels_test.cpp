@@ -191,5 +191,48 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
       }
 }
 
+// The same for int8 K rows, widened to bfloat16 in registers (exact: |k| <= 128), each
+// score times its key's scale: every row count, E on and off the step, both strides,
+// -128 and 127 among the keys, and 127s past E that the masked loads must leave.
+TEST(Bf16Kernels, RowScoresOfInt8KeysTimesTheirScales) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937_64 rng(6);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  std::uniform_real_distribution<float> positive(0.001f, 0.1f);
+  const std::int64_t cols = 37, ahead = 4;
+  for (std::int64_t E : {1, 31, 33, 64, 128})
+    for (std::int64_t rows = 1; rows <= kMaxDecodeRows; ++rows)
+      for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
+        SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
+        const auto q = random_bf16(rows * E, rng);
+        std::vector<std::vector<std::int8_t>> keys;
+        std::vector<const std::byte*> k_rows;
+        for (std::int64_t c = 0; c < cols + ahead; ++c) {
+          keys.emplace_back(E + 32, std::int8_t{127});
+          for (std::int64_t e = 0; e < E; ++e) keys.back()[e] = static_cast<std::int8_t>(byte(rng));
+        }
+        keys[0][0] = -128, keys[1][E - 1] = 127;
+        for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
+        std::vector<float> k_scale(cols + 16);  // (read up to 15 past cols)
+        for (auto& x : k_scale) x = positive(rng);
+        std::vector<float> st(cols * st_stride, -1.0f);
+        row_scores_int8(q.data(), rows, E, k_rows.data(), k_scale.data(), cols, ahead, 0.25f, st.data(), st_stride);
+        for (std::int64_t c = 0; c < cols; ++c)
+          for (std::int64_t r = 0; r < st_stride; ++r) {
+            if (r >= rows) {  // lanes past the rows untouched
+              ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
+              continue;
+            }
+            double want = 0, size = 0;
+            for (std::int64_t e = 0; e < E; ++e) {
+              want += double{bf16_to_float(q[r * E + e])} * keys[c][e];
+              size += std::abs(double{bf16_to_float(q[r * E + e])} * keys[c][e]);
+            }
+            want *= 0.25 * k_scale[c], size *= 0.25 * k_scale[c];
+            ASSERT_NEAR(st[c * st_stride + r], want, 1e-6 * (1 + size)) << c << " " << r;
+          }
+      }
+}
+
 }  // namespace
 }  // namespace sdpa::detail::bf16

@@ -59,13 +59,15 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
         _mm512_storeu_ps(out + i * out_item + v * 16, _mm512_mul_ps(acc[i][v], factor));
 }
 
+// (GCC 12 flags the self-initialised `_mm512_undefined_*` inside the unpack and widening
+// intrinsics below as (maybe) uninitialised once they are inlined: its bug 105593.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 // Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
 // transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
 // dependent chain. The order of the adds is fixed, so a score's bits are.
-// (GCC 12 flags the self-initialised `_mm512_undefined_ps` inside these intrinsics as
-// uninitialised once the zero padding folds away, for M = 1: its bug 105593.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
 template <int M>
 SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
   static_assert(M >= 1 && M <= 16, "one vector of sums");
@@ -91,17 +93,31 @@ SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
                                    _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
 }
-#pragma GCC diagnostic pop
+
+// K's 32 dims [e, e + 32) (masked: 0 past the mask) as bfloat16 for vdpbf16ps: a
+// bfloat16 row as it is; an int8 row widened through float32, exactly (|k| <= 128 needs
+// 8 significant bits, bfloat16's count).
+SDPA_BF16_TARGET inline __m512bh key_dims(const std::uint16_t* row, __mmask32 mask) {
+  return as_bh(_mm512_maskz_loadu_epi16(mask, row));
+}
+SDPA_BF16_TARGET inline __m512 widen_int8(const std::int8_t* x, __mmask16 mask) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, x)));
+}
+SDPA_BF16_TARGET inline __m512bh key_dims(const std::int8_t* row, __mmask32 mask) {
+  return _mm512_cvtne2ps_pbh(widen_int8(row + 16, static_cast<__mmask16>(mask >> 16)),
+                             widen_int8(row, static_cast<__mmask16>(mask)));
+}
 
 // Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
 // registers and each key's vector is read once per step, so that Keys · R = 16
-// accumulators, R q vectors and a key vector fit the 32 registers.
-template <int R, int Keys>
+// accumulators, R q vectors and a key vector fit the 32 registers. Key: the K rows'
+// element type; k_scale, int8's scales (or null).
+template <int R, int Keys, class Key>
 SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                            std::int64_t c, std::int64_t ahead, float scale, float* st,
-                                            std::int64_t st_stride) {
+                                            std::int64_t c, std::int64_t ahead, float scale, const float* k_scale,
+                                            float* st, std::int64_t st_stride) {
   constexpr int M = Keys * R;
-  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::uint16_t*>(k_rows[c + i]); };  // (no intrinsics)
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const Key*>(k_rows[c + i]); };  // (no intrinsics)
   __m512 acc[M];
 #pragma GCC unroll 16
   for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
@@ -114,13 +130,20 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
     for (int r = 0; r < R; ++r) qv[r] = as_bh(_mm512_maskz_loadu_epi16(mask, q + r * E + e));
 #pragma GCC unroll 16
     for (int k = 0; k < Keys; ++k) {
-      const __m512bh kv = as_bh(_mm512_maskz_loadu_epi16(mask, key(k) + e));
-      _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
+      const __m512bh kv = key_dims(key(k) + e, mask);
+      if (sizeof(Key) == 2 || e % 64 == 0)  // a request per 64-byte line
+        _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[k * R + r] = _mm512_dpbf16_ps(acc[k * R + r], qv[r], kv);
     }
   }
-  const __m512 sums = _mm512_mul_ps(lane_sums<M>(acc), _mm512_set1_ps(scale));
+  __m512 factor = _mm512_set1_ps(scale);
+  if (k_scale != nullptr) {  // lane k·R + r: key k's scale (k_scale has 16 floats from c on)
+    alignas(64) std::int32_t key_of_lane[16];
+    for (int i = 0; i < 16; ++i) key_of_lane[i] = i / R;
+    factor = _mm512_mul_ps(factor, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane), _mm512_loadu_ps(k_scale + c)));
+  }
+  const __m512 sums = _mm512_mul_ps(lane_sums<M>(acc), factor);
   if (st_stride == R) {  // a dense Sᵀ: the keys' scores lie in the sums' order
     _mm512_mask_storeu_ps(st + c * R, static_cast<__mmask16>((1u << M) - 1), sums);
     return;
@@ -131,14 +154,30 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
     for (int r = 0; r < R; ++r) st[(c + k) * st_stride + r] = lanes[k * R + r];
 }
 
-template <int R>
+template <int R, class Key>
 SDPA_BF16_TARGET void row_scores_for(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                     std::int64_t cols, std::int64_t ahead, float scale, float* st,
-                                     std::int64_t st_stride) {
+                                     std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale,
+                                     float* st, std::int64_t st_stride) {
   constexpr int kKeys = 16 / R;
   std::int64_t c = 0;
-  for (; c + kKeys <= cols; c += kKeys) row_score_keys<R, kKeys>(q, E, k_rows, c, ahead, scale, st, st_stride);
-  for (; c < cols; ++c) row_score_keys<R, 1>(q, E, k_rows, c, ahead, scale, st, st_stride);
+  for (; c + kKeys <= cols; c += kKeys)
+    row_score_keys<R, kKeys, Key>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
+  for (; c < cols; ++c) row_score_keys<R, 1, Key>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
+}
+
+#pragma GCC diagnostic pop
+
+// The kernel for `rows` rows (1 to kMaxDecodeRows) and K rows of Key.
+template <class Key>
+void row_scores_of(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
+                   std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale, float* st,
+                   std::int64_t st_stride) {
+  using Kernel = void (*)(const std::uint16_t*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
+                          float, const float*, float*, std::int64_t);
+  static constexpr Kernel kernels[kMaxDecodeRows] = {
+      row_scores_for<1, Key>, row_scores_for<2, Key>, row_scores_for<3, Key>, row_scores_for<4, Key>,
+      row_scores_for<5, Key>, row_scores_for<6, Key>, row_scores_for<7, Key>, row_scores_for<8, Key>};
+  kernels[rows - 1](q, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
 }
 
 }  // namespace
@@ -245,12 +284,13 @@ SDPA_BF16_TARGET void rank_update(const std::uint16_t* wt, std::int64_t wt_strid
 
 void row_scores(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
                 std::int64_t cols, std::int64_t ahead, float scale, float* st, std::int64_t st_stride) {
-  using Kernel = void (*)(const std::uint16_t*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
-                          float, float*, std::int64_t);
-  static constexpr Kernel kernels[kMaxDecodeRows] = {row_scores_for<1>, row_scores_for<2>, row_scores_for<3>,
-                                                     row_scores_for<4>, row_scores_for<5>, row_scores_for<6>,
-                                                     row_scores_for<7>, row_scores_for<8>};
-  kernels[rows - 1](q, E, k_rows, cols, ahead, scale, st, st_stride);
+  row_scores_of<std::uint16_t>(q, rows, E, k_rows, cols, ahead, scale, nullptr, st, st_stride);
+}
+
+void row_scores_int8(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
+                     const float* k_scale, std::int64_t cols, std::int64_t ahead, float scale, float* st,
+                     std::int64_t st_stride) {
+  row_scores_of<std::int8_t>(q, rows, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
 }
 
 }  // namespace sdpa::detail::bf16

@@ -170,8 +170,8 @@ class Task {
         s_(s),
         n_(hn::Lanes(DF())),
         bf16_(bf16_path),
-        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
-                         bf16::supported()) {}
+        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 &&
+                         (p.key.dtype == DType::bfloat16 || p.key.dtype == DType::int8) && bf16::supported()) {}
 
   // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
   // share KV head `head_kv` of batch `b`: all keys, then the outputs.
@@ -353,9 +353,13 @@ class Task {
       // give: one fill of the tile, not one per column (a call each, ~20 % of an int8
       // decode's kernel time).
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
-      if (bf16_row_scores_)
-        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead,
-                         static_cast<float>(p_.scale * kLog2e), st, static_cast<std::int64_t>(stride));
+      const float scale = static_cast<float>(p_.scale * kLog2e);
+      if (bf16_row_scores_ && p_.key.dtype == DType::int8)
+        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), s_.k_scale.get(), cols, kRowsAhead,
+                              scale, st, static_cast<std::int64_t>(stride));
+      else if (bf16_row_scores_)
+        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead, scale, st,
+                         static_cast<std::int64_t>(stride));
       else
         RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
                   p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, stride);
@@ -604,8 +608,8 @@ class Task {
   Scratch<kVectors>& s_;
   const std::size_t n_;
   const bool bf16_;
-  // Decoding bfloat16 Q against bfloat16 K: the scores on vdpbf16ps (bf16::row_scores),
-  // not widened to float32.
+  // Decoding bfloat16 Q against bfloat16 or int8 K: the scores on vdpbf16ps
+  // (bf16::row_scores, row_scores_int8), K not widened to float32.
   const bool bf16_row_scores_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
