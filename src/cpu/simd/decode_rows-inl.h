@@ -12,7 +12,9 @@
 // row a lane); Sᵀ is either that layout's (a key every vector or two of rows) or dense
 // (a key every G floats: DenseSoftmaxStep below), st_stride apart. float32 decoding
 // took these for the tiles on 2026-11-27 (10–26 % faster on the Cascade Lake Xeon of
-// bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×).
+// bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×). A bfloat16 query
+// against bfloat16 or int8 K scores on vdpbf16ps instead where the CPU has it
+// (bf16::row_scores, the same layout: simd/bf16_kernels.h).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -50,7 +52,9 @@ constexpr std::int64_t kFewRows = 8;
 // row lists they take hold kRowsAhead rows past the tile (the next tile's first rows).
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
 // the next tile's lines at the tile's start (the previous way) left the two in turn.
-// 16 rows: 8 KiB ahead for float32 at E = 128 (docs/performance.md, "Decoding").
+// 32 rows: 16 KiB ahead for float32 at E = 128, 8 KiB for bfloat16; 16 left the Zen 4's
+// bfloat16 decode waiting on its rows once its scores took vdpbf16ps (docs/performance.md,
+// "Decoding").
 constexpr std::int64_t kRowsAhead = 32;
 
 // Requests the 64-byte line of row[e] into L2 if e starts one (e: a multiple of the

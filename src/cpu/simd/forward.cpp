@@ -714,10 +714,11 @@ bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
 // fits in one vector — runs subtiles of one row vector: with two, the second vector's
 // lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
 // The bfloat16 microkernels are written for two; a decode of at most kFewRows rows a KV
-// head leaves them for the row kernels (decode_rows-inl.h), which widen bfloat16 rows
-// in registers and put no padding lanes in the FMAs. (Not measured on a CPU with
-// vdpbf16ps, which this choice concerns; and there P is no longer rounded to bfloat16
-// for the P·V product.)
+// head leaves them for the row kernels (decode_rows-inl.h), whose lanes run along E and
+// Ev: no padding lanes. Their scores take vdpbf16ps too (bf16::row_scores); their P·V
+// stays in float32, P not rounded to bfloat16 (docs/performance.md, "Decoding": rounded,
+// a few-row task's error broke the bfloat16 tolerance rule on 2 of 8,000 `sdpa check`
+// cases).
 void ForwardFloat32(const Problem* problems, std::int64_t count) {
   if (count == 0) return;
   // (int8 K/V take the float32 path: their tiles widen to float32, exactly.)
