@@ -121,6 +121,9 @@ def grid() -> list[Point]:
     for B, L, S, quick in ((1, 1, 4096, False), (1, 1, 65536, True), (4, 1, 16384, False), (16, 1, 4096, True),
                            (1, 4, 32768, False), (1, 16, 8192, True), (4, 1, 65536, False)):
         points.append(Point("decode", "float32", B, 32, 8, L, S, 128, quick=quick))
+    # bfloat16 K/V caches (and queries), the dtype most models decode in.
+    for B, S, quick in ((1, 65536, True), (16, 4096, True), (1, 8192, False)):
+        points.append(Point("decode", "bfloat16", B, 32, 8, 1, S, 128, quick=quick))
     return points
 
 
@@ -159,12 +162,12 @@ def cxx_seconds(cli: pathlib.Path, threads: int, repeats: int) -> dict:
         return {}
     result = subprocess.run([str(cli), "bench", "--small", "--json", "--num-threads", str(threads), "--repeats",
                              str(repeats)], check=True, capture_output=True, text=True)
-    return {(r["batch"], r["heads_q"], r["heads_kv"], r["L"], r["S"], r["E"], r["causal"]): r["seconds"]
+    return {(r["dtype"], r["batch"], r["heads_q"], r["heads_kv"], r["L"], r["S"], r["E"], r["causal"]): r["seconds"]
             for r in json.loads(result.stdout)["points"]}
 
 
 def shape_key(p: Point):
-    return (p.B, p.Hq, p.Hkv, p.L, p.S, p.E, p.alignment is not None)
+    return (p.dtype, p.B, p.Hq, p.Hkv, p.L, p.S, p.E, p.alignment is not None)
 
 
 def cpu_model() -> str:

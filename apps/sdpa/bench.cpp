@@ -82,7 +82,8 @@ std::vector<Point> grid(bool quick) {
 
 // `--small`: where a call's fixed cost shows (issue #15) — a model's small heads (H = 12,
 // E = 64, L = S <= 128, B = 1 or 8) and batched decoding (L = 1-16 new tokens against
-// S = 4096-65536, GQA 32/8, E = 128). bench/peers.py times the same points from Python.
+// S = 4096-65536, GQA 32/8, E = 128; float32, and bfloat16 for three). bench/peers.py
+// times the same points from Python.
 std::vector<Point> small_grid() {
   std::vector<Point> points;
   struct Small {
@@ -98,6 +99,8 @@ std::vector<Point> small_grid() {
   for (const Decode& d : {Decode{1, 1, 4096}, Decode{1, 1, 65536}, Decode{4, 1, 16384}, Decode{16, 1, 4096},
                           Decode{1, 4, 32768}, Decode{1, 16, 8192}, Decode{4, 1, 65536}})
     points.push_back({DType::float32, 32, 8, d.L, d.S, 128, false, d.batch});
+  for (const Decode& d : {Decode{1, 1, 65536}, Decode{16, 1, 4096}, Decode{1, 1, 8192}})  // bfloat16 caches
+    points.push_back({DType::bfloat16, 32, 8, d.L, d.S, 128, false, d.batch});
   return points;
 }
 
