@@ -609,7 +609,8 @@ class Task {
   const std::size_t n_;
   const bool bf16_;
   // Decoding bfloat16 Q against bfloat16 or int8 K: the scores on vdpbf16ps
-  // (bf16::row_scores, row_scores_int8), K not widened to float32.
+  // (bf16::row_scores, row_scores_int8), K not widened to float32. On the AVX-512 target
+  // only (kBf16KernelsFit), so that the other targets' tests still run their own kernels.
   const bool bf16_row_scores_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
