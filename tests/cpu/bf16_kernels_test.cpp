@@ -2,8 +2,8 @@
 // sums of the same bfloat16 values, and the packing against float_to_bf16: offsets,
 // strides and widths the whole-kernel tests reach only by chance (a pair range that
 // starts past 0, output strides other than a tile's, widths of 1, 3 and 17 vectors, an
-// odd width's zero partner; the decode scores' row counts and masked tails). Skipped on a CPU without AVX-512 BF16, where nothing calls
-// them.
+// odd width's zero partner; the decode scores' row counts and masked tails). Skipped on
+// a CPU without AVX-512 BF16, where nothing calls them.
 #include "cpu/simd/bf16_kernels.h"
 
 #include <gtest/gtest.h>
@@ -175,7 +175,7 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
           keys.back().resize(E + 32, nan);
         }
         for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
-        std::vector<float> st(cols * st_stride, -1.0f);
+        std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
         row_scores(q.data(), rows, E, k_rows.data(), cols, ahead, 0.25f, st.data(), st_stride);
         for (std::int64_t c = 0; c < cols; ++c)
           for (std::int64_t r = 0; r < st_stride; ++r) {
@@ -183,11 +183,14 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
               ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
               continue;
             }
-            double want = 0;
-            for (std::int64_t e = 0; e < E; ++e)
-              want += double{bf16_to_float(q[r * E + e])} * bf16_to_float(keys[c][e]);
-            ASSERT_NEAR(st[c * st_stride + r], 0.25 * want, 1e-5 * (1 + std::abs(want))) << c << " " << r;
+            double want = 0, size = 0;
+            for (std::int64_t e = 0; e < E; ++e) {
+              const double product = double{bf16_to_float(q[r * E + e])} * bf16_to_float(keys[c][e]);
+              want += product, size += std::abs(product);
+            }
+            ASSERT_NEAR(st[c * st_stride + r], 0.25 * want, 1e-6 * (1 + 0.25 * size)) << c << " " << r;
           }
+        for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
       }
 }
 
@@ -215,8 +218,9 @@ TEST(Bf16Kernels, RowScoresOfInt8KeysTimesTheirScales) {
         for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
         std::vector<float> k_scale(cols + 16);  // (read up to 15 past cols)
         for (auto& x : k_scale) x = positive(rng);
-        std::vector<float> st(cols * st_stride, -1.0f);
+        std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
         row_scores_int8(q.data(), rows, E, k_rows.data(), k_scale.data(), cols, ahead, 0.25f, st.data(), st_stride);
+        for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
         for (std::int64_t c = 0; c < cols; ++c)
           for (std::int64_t r = 0; r < st_stride; ++r) {
             if (r >= rows) {  // lanes past the rows untouched

@@ -61,9 +61,11 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 
 // (GCC 12 flags the self-initialised `_mm512_undefined_*` inside the unpack and widening
 // intrinsics below as (maybe) uninitialised once they are inlined: its bug 105593.)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
 // transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
@@ -78,7 +80,8 @@ SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
   __m512 pairs[8];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
+    pairs[i] =
+        _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
   // Block k of quads[j]: the sums over block k of the vectors 4j .. 4j+3.
   __m512 quads[4];
 #pragma GCC unroll 4
@@ -165,7 +168,9 @@ SDPA_BF16_TARGET void row_scores_for(const std::uint16_t* q, std::int64_t E, con
   for (; c < cols; ++c) row_score_keys<R, 1, Key>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // The kernel for `rows` rows (1 to kMaxDecodeRows) and K rows of Key.
 template <class Key>
@@ -184,8 +189,8 @@ void row_scores_of(const std::uint16_t* q, std::int64_t rows, std::int64_t E, co
 
 bool supported() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,

@@ -8,7 +8,8 @@
 // so K and V are read in place, row-major, with no packing, and the softmax of a query
 // row — max, exp, sum over keys — runs across registers, lane-wise, with no horizontal
 // reduction. The recurrence per key tile (FlashAttention-2, Dao 2023), in log2 units
-// (Q is pre-multiplied by scale·log2(e), a float mask by log2(e)):
+// (the scores times scale·log2(e): Q pre-multiplied by it for the float32 kernels, the
+// sums for the vdpbf16ps ones; a float mask by log2(e)):
 //   m' = max(m, max_c t_c), kept at m while that rises by ≤ 8 (NextReferenceMax:
 //        conditional rescaling, so m is a reference, not always the max);
 //   α = 2^(m − m');  p_c = 2^(t_c − m');
@@ -26,14 +27,14 @@
 //
 // Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
 // (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
-// rows in place with lanes along E and Ev (its sums of products are horizontal), and,
-// without lane-by-lane modifiers, runs the softmax on a dense Sᵀ (several keys a vector).
+// rows in place with lanes along E and Ev (its sums of products are horizontal; a
+// bfloat16 query's scores on vdpbf16ps, bf16::row_scores), and, without lane-by-lane
+// modifiers, runs the softmax on a dense Sᵀ (several keys a vector).
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -41,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/half.h"
 #include "common/problem.h"
 #include "cpu/scratch.h"
 #include "cpu/simd/bf16_kernels.h"
@@ -304,7 +306,7 @@ class Task {
         // the scores instead.
         const std::size_t count = static_cast<std::size_t>(rows) * E;
         if (bf16_row_scores_)
-          for (std::size_t x = 0; x < count; ++x) t.q16[x] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(q_rows[x]) >> 16);
+          for (std::size_t x = 0; x < count; ++x) t.q16[x] = static_cast<std::uint16_t>(float_to_bits(q_rows[x]) >> 16);
         else
           for (std::size_t x = 0; x < count; ++x) t.q_rows[x] = q_rows[x] * c;
         return;
@@ -348,23 +350,22 @@ class Task {
     const std::int64_t padded = dense_group_ > 0 ? DenseColumns(cols, dense_group_) : PaddedColumns(cols);
     const std::size_t stride = ScoreStride();
     float* st = s_.st.get();
+    const float scale = static_cast<float>(p_.scale * kLog2e);  // (the vdpbf16ps kernels' factor)
+    const float* k_scale = p_.key_scale.present() ? s_.k_scale.get() : nullptr;
     if (few_keys_ > 0) {
       // (int8: scaled by s^K_j in the kernel.) The padding lanes get 0, as Qᵀ's zero rows
       // give: one fill of the tile, not one per column (a call each, ~20 % of an int8
       // decode's kernel time).
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
-      const float scale = static_cast<float>(p_.scale * kLog2e);
+      const auto st_stride = static_cast<std::int64_t>(stride);
       if (bf16_row_scores_ && p_.key.dtype == DType::int8)
-        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), s_.k_scale.get(), cols, kRowsAhead,
-                              scale, st, static_cast<std::int64_t>(stride));
+        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), k_scale, cols, kRowsAhead, scale, st,
+                              st_stride);
       else if (bf16_row_scores_)
-        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead, scale, st,
-                         static_cast<std::int64_t>(stride));
+        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead, scale, st, st_stride);
       else
-        RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols,
-                  p_.key_scale.present() ? s_.k_scale.get() : nullptr, st, stride);
+        RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, k_scale, st, stride);
     } else if (bf16_) {
-      const float scale = static_cast<float>(p_.scale * kLog2e);
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows,
                           static_cast<std::int64_t>(s_.rows));
@@ -372,7 +373,7 @@ class Task {
       ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows);
     }
     // int8 K: s_j = scale_k[j] · (q · q_j), the scale once per score, not per element.
-    if (p_.key_scale.present() && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, s_.k_scale.get());
+    if (k_scale != nullptr && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, k_scale);
     padded_cols_ = padded;
     if (p_.softcap > 0.0) Softcap(p_, st, s_.rows, cols, kVectors, nullptr, 0);
     std::fill(st + cols * stride, st + padded * stride, kMinusInf);  // (the columns lie in a row)
@@ -610,7 +611,9 @@ class Task {
   const bool bf16_;
   // Decoding bfloat16 Q against bfloat16 or int8 K: the scores on vdpbf16ps
   // (bf16::row_scores, row_scores_int8), K not widened to float32. On the AVX-512 target
-  // only (kBf16KernelsFit), so that the other targets' tests still run their own kernels.
+  // only (kBf16KernelsFit): so that the other targets' tests still run their own kernels,
+  // and because row_scores_int8 reads 16 scales from a tile's key on (k_scale holds N
+  // more than a tile, N = 16 there).
   const bool bf16_row_scores_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
