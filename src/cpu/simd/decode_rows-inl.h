@@ -285,6 +285,23 @@ HWY_INLINE void AddTransposed(const VF (&acc)[R][V], float* HWY_RESTRICT ot, std
 #endif
 }
 
+// Oᵀ[d·stride + r] += o[r·Ev + d] for R rows and all Ev dims: a row-major result (that of
+// int8::row_accumulate) into the transposed layout.
+template <int R>
+HWY_INLINE void AddRowsTransposed(const float* HWY_RESTRICT o, std::int64_t Ev, float* HWY_RESTRICT ot,
+                                  std::int64_t stride) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t d = 0;
+  for (; d + N <= Ev; d += N) {
+    VF acc[R][1];
+    for (int r = 0; r < R; ++r) acc[r][0] = hn::LoadU(df, o + r * Ev + d);
+    AddTransposed<R, 1>(acc, ot + d * stride, stride);
+  }
+  for (; d < Ev; ++d)
+    for (int r = 0; r < R; ++r) ot[d * stride + r] += o[r * Ev + d];
+}
+
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
 // [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
 // V vectors of dims over all the keys, then add into Oᵀ once per tile.
@@ -372,6 +389,12 @@ inline void RowAccumulate(DType dtype, std::int64_t rows, const float* pt, std::
                           std::size_t ot_rows) {
   WithRowKernel(dtype, rows, [&](auto type, auto r) {
     RowAccumulateFewRows<decltype(r)::value, decltype(type)>(pt, pt_stride, v_rows, cols, Ev, ot, ot_rows);
+  });
+}
+
+inline void AddRowsTransposed(std::int64_t rows, const float* o, std::int64_t Ev, float* ot, std::size_t ot_rows) {
+  WithRowCount(rows, [&](auto r) {
+    AddRowsTransposed<decltype(r)::value>(o, Ev, ot, static_cast<std::int64_t>(ot_rows));
   });
 }
 

@@ -46,6 +46,7 @@
 #include "common/problem.h"
 #include "cpu/scratch.h"
 #include "cpu/simd/bf16_kernels.h"
+#include "cpu/simd/int8_kernels.h"
 #include "cpu/work_split.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -173,7 +174,9 @@ class Task {
         n_(hn::Lanes(DF())),
         bf16_(bf16_path),
         bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 &&
-                         (p.key.dtype == DType::bfloat16 || p.key.dtype == DType::int8) && bf16::supported()) {}
+                         (p.key.dtype == DType::bfloat16 || p.key.dtype == DType::int8) && bf16::supported()),
+        int8_row_values_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.value.dtype == DType::int8 &&
+                         int8::supported()) {}
 
   // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
   // share KV head `head_kv` of batch `b`: all keys, then the outputs.
@@ -249,7 +252,8 @@ class Task {
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
-    static_assert(bf16::kMaxDecodeRows >= kFewRows, "bf16::row_scores takes every decode task's rows");
+    static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
+                  "bf16::row_scores and int8::row_accumulate take every decode task's rows and tiles");
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
     // Both read in place, and no step that works lane by lane: the dense Sᵀ.
     const std::int64_t group = DenseGroup(row_count);
@@ -483,6 +487,12 @@ class Task {
         values_loaded_ = true;
       }
       if (p_.value_scale.present()) ScaleColumns(s_.st.get(), ScoreStride(), cols, s_.v_scale.get());
+      float* o = s_.row_major.get();  // (int8 P·V: few_values_ × Ev, row-major)
+      if (int8_row_values_ && int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()),
+                                                   few_values_, s_.v_rows.data(), cols, p_.Ev, kRowsAhead, o)) {
+        AddRowsTransposed(few_values_, o, p_.Ev, t.ot.get(), s_.rows);
+        return;
+      }
       RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
                     s_.rows);
       return;
@@ -615,6 +625,9 @@ class Task {
   // and because row_scores_int8 reads 16 scales from a tile's key on (k_scale holds N
   // more than a tile, N = 16 there).
   const bool bf16_row_scores_;
+  // … and int8 V: P·V on vpdpwssd, the weights rounded to int16 per row and tile
+  // (int8::row_accumulate; float32 for a tile with a weight that is not finite).
+  const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_rows-inl.h), else 0
