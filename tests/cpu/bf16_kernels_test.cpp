@@ -152,6 +152,29 @@ TEST(Bf16Kernels, PackValuesAndAccumulate) {
   }
 }
 
+// A decode score kernel's st (cols keys, `rows` rows, st_stride apart, 16 sentinels of -1
+// past its end) against float64: st[c·st_stride + r] within 1e-6 of 1 + the products'
+// sizes of factor(c) · Σ_e q[r][e] · key(c, e); the lanes past the rows and the sentinels
+// untouched.
+template <class Key>
+void ExpectRowScores(const std::vector<float>& st, std::int64_t cols, std::int64_t rows, std::int64_t st_stride,
+                     const std::vector<std::uint16_t>& q, std::int64_t E, Key key, const std::vector<double>& factor) {
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t r = 0; r < st_stride; ++r) {
+      if (r >= rows) {
+        ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
+        continue;
+      }
+      double want = 0, size = 0;
+      for (std::int64_t e = 0; e < E; ++e) {
+        const double product = double{bf16_to_float(q[r * E + e])} * key(c, e);
+        want += product, size += std::abs(product);
+      }
+      ASSERT_NEAR(st[c * st_stride + r], factor[c] * want, 1e-6 * (1 + factor[c] * size)) << c << " " << r;
+    }
+  for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
+}
+
 // The decode scores, lanes along E: every row count (16 accumulators: 16/R keys a block,
 // then single keys for the rest of cols = 37), E below, at and off the 32-element step
 // (its masked last loads), the dense Sᵀ (stride = rows) and a wider one. Each key's
@@ -177,20 +200,9 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
         for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
         std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
         row_scores(q.data(), rows, E, k_rows.data(), cols, ahead, 0.25f, st.data(), st_stride);
-        for (std::int64_t c = 0; c < cols; ++c)
-          for (std::int64_t r = 0; r < st_stride; ++r) {
-            if (r >= rows) {  // lanes past the rows untouched
-              ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
-              continue;
-            }
-            double want = 0, size = 0;
-            for (std::int64_t e = 0; e < E; ++e) {
-              const double product = double{bf16_to_float(q[r * E + e])} * bf16_to_float(keys[c][e]);
-              want += product, size += std::abs(product);
-            }
-            ASSERT_NEAR(st[c * st_stride + r], 0.25 * want, 1e-6 * (1 + 0.25 * size)) << c << " " << r;
-          }
-        for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
+        ExpectRowScores(
+            st, cols, rows, st_stride, q, E, [&](std::int64_t c, std::int64_t e) { return bf16_to_float(keys[c][e]); },
+            std::vector<double>(cols, 0.25));
       }
 }
 
@@ -220,21 +232,11 @@ TEST(Bf16Kernels, RowScoresOfInt8KeysTimesTheirScales) {
         for (auto& x : k_scale) x = positive(rng);
         std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
         row_scores_int8(q.data(), rows, E, k_rows.data(), k_scale.data(), cols, ahead, 0.25f, st.data(), st_stride);
-        for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
-        for (std::int64_t c = 0; c < cols; ++c)
-          for (std::int64_t r = 0; r < st_stride; ++r) {
-            if (r >= rows) {  // lanes past the rows untouched
-              ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
-              continue;
-            }
-            double want = 0, size = 0;
-            for (std::int64_t e = 0; e < E; ++e) {
-              want += double{bf16_to_float(q[r * E + e])} * keys[c][e];
-              size += std::abs(double{bf16_to_float(q[r * E + e])} * keys[c][e]);
-            }
-            want *= 0.25 * k_scale[c], size *= 0.25 * k_scale[c];
-            ASSERT_NEAR(st[c * st_stride + r], want, 1e-6 * (1 + size)) << c << " " << r;
-          }
+        std::vector<double> factor(cols);
+        for (std::int64_t c = 0; c < cols; ++c) factor[c] = 0.25 * k_scale[c];
+        ExpectRowScores(
+            st, cols, rows, st_stride, q, E,
+            [&](std::int64_t c, std::int64_t e) { return static_cast<double>(keys[c][e]); }, factor);
       }
 }
 

@@ -44,9 +44,10 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
   for (std::int64_t c = 0; c < cols; c += 2) {
     // (cvtps_epi32 rounds to nearest, even, under the default MXCSR.)
     const __m256i even = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskz_loadu_ps(kRows, wt + c * wt_stride), inverse));
-    const __m256i odd = c + 1 < cols ? _mm256_cvtps_epi32(_mm256_mul_ps(
-                                           _mm256_maskz_loadu_ps(kRows, wt + (c + 1) * wt_stride), inverse))
-                                     : _mm256_setzero_si256();
+    const __m256i odd =
+        c + 1 < cols
+            ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskz_loadu_ps(kRows, wt + (c + 1) * wt_stride), inverse))
+            : _mm256_setzero_si256();
     const __m256i pair = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(odd, 16));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + (c / 2) * kMaxRows), pair);
   }
@@ -81,8 +82,8 @@ SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* si
 #pragma GCC unroll 4
     for (int h = 0; h < V / 2; ++h) {
       const __m512i a = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c) + 32 * h));
-      const __m512i b =
-          partner ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c + 1) + 32 * h)) : _mm512_setzero_si512();
+      const __m512i b = partner ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c + 1) + 32 * h))
+                                : _mm512_setzero_si512();
       if (h % 2 == 0) {  // a request per 64-byte line
         _mm_prefetch(reinterpret_cast<const char*>(row(c + ahead) + 32 * h), _MM_HINT_T1);
         if (partner) _mm_prefetch(reinterpret_cast<const char*>(row(c + 1 + ahead) + 32 * h), _MM_HINT_T1);
@@ -148,8 +149,8 @@ bool supported() {
 
 bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, const std::byte* const* v_rows,
                     std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
-  using Kernel = bool (*)(const float*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
-                          std::int64_t, float*);
+  using Kernel =
+      bool (*)(const float*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t, std::int64_t, float*);
   static constexpr Kernel kernels[kMaxRows] = {accumulate_rows<1>, accumulate_rows<2>, accumulate_rows<3>,
                                                accumulate_rows<4>, accumulate_rows<5>, accumulate_rows<6>,
                                                accumulate_rows<7>, accumulate_rows<8>};

@@ -13,8 +13,8 @@
 
 namespace sdpa::detail::int8 {
 
-constexpr int kMaxRows = 8;     // query rows per call
-constexpr int kMaxKeys = 256;   // keys per call (the int32 sums' headroom: below)
+constexpr int kMaxRows = 8;    // query rows per call
+constexpr int kMaxKeys = 256;  // keys per call (the int32 sums' headroom: below)
 
 // True when the CPU has AVX-512 F, BW, VL and VNNI.
 bool supported();
