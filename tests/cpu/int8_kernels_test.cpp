@@ -65,7 +65,9 @@ TEST(Int8Kernels, RowAccumulateWithinTheInt16RoundingBound) {
             }
             // The rounding's bound, the float32 scaling of the exact int32 sum, a margin.
             ASSERT_NEAR(out[r * Ev + d], want, 1.01 * bound + 1e-6 * (1 + std::abs(want))) << r << " " << d;
-            if (r == 1) ASSERT_EQ(out[r * Ev + d], 0.0f);  // a row of zero weights
+            if (r == 1) {
+              ASSERT_EQ(out[r * Ev + d], 0.0f);  // a row of zero weights
+            }
           }
         }
       }
