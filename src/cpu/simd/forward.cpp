@@ -28,8 +28,9 @@
 // Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
 // (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
 // rows in place with lanes along E and Ev (its sums of products are horizontal; a
-// bfloat16 query's scores on vdpbf16ps, bf16::row_scores), and, without lane-by-lane
-// modifiers, runs the softmax on a dense Sᵀ (several keys a vector).
+// bfloat16 query's scores on vdpbf16ps, bf16::row_scores, and its P·V of int8 V on
+// vpdpwssd, int8::row_accumulate), and, without lane-by-lane modifiers, runs the softmax
+// on a dense Sᵀ (several keys a vector).
 #include "cpu/simd/kernels.h"
 
 #include <omp.h>
@@ -97,7 +98,9 @@ struct Scratch {
   std::size_t rows;
   Subtile sub[kSubtiles];
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
-  hwy::AlignedFreeUniquePtr<float[]> row_major;  // a subtile's query or output rows, before or after the transpose
+  // A subtile's query or output rows, before or after the transpose; during the key loop,
+  // int8::row_accumulate's row-major P·V of a tile.
+  hwy::AlignedFreeUniquePtr<float[]> row_major;
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
   std::vector<const std::byte*> k_rows, v_rows;         // decode rows: the tile's rows in place (and kRowsAhead more)
   // bfloat16 path: probability pairs, K and V tiles, value pairs.

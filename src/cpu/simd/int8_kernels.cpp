@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cassert>
 
 #define SDPA_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -18,13 +19,16 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// The int32 sums' headroom: a pair adds at most 2 · 32767 · 128 < 2^23.1, so kMaxKeys / 2
-// pairs stay below 2^30.1 < 2^31.
+// The int32 sums' headroom: a pair adds at most 2 · 32767 · 128 < 2^23, so kMaxKeys / 2
+// pairs stay below 2^30 < 2^31.
 static_assert(kMaxKeys / 2 * 2.0 * 32767 * 128 < 2147483648.0, "int32 sums must not overflow");
 
 // pairs[k·kMaxRows + r] = (ŵ[r][2k], ŵ[r][2k+1]) as int16 halves (low, high) and sigma[r],
 // for the R rows: ŵ = round(w / σ_r), σ_r = max_c |w[r][c]| / 32767 (0 for a row of
-// zeros). False when some weight is not finite.
+// zeros). False when some weight is not finite, or a row's largest is below
+// kSmallestLargest but not 0: there 32767 / max would overflow float32 (to +inf, and the
+// row's tile would add nothing) or σ be subnormal (0 under a caller's flush-to-zero).
+constexpr float kSmallestLargest = 0x1p-96f;
 template <int R>
 SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std::int64_t cols, std::int32_t* pairs,
                                    float* sigma) {
@@ -37,8 +41,9 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
     bad |= _mm256_cmp_ps_mask(w, _mm256_set1_ps(3.4028235e38f), _CMP_NLE_UQ);  // inf or NaN
     largest = _mm256_max_ps(largest, w);
   }
-  if (bad) return false;
   const __mmask8 nonzero = _mm256_cmp_ps_mask(largest, _mm256_setzero_ps(), _CMP_GT_OQ);
+  bad |= nonzero & _mm256_cmp_ps_mask(largest, _mm256_set1_ps(kSmallestLargest), _CMP_LT_OQ);
+  if (bad) return false;
   const __m256 inverse = _mm256_maskz_div_ps(nonzero, _mm256_set1_ps(32767.0f), largest);
   _mm256_storeu_ps(sigma, _mm256_div_ps(largest, _mm256_set1_ps(32767.0f)));
   for (std::int64_t c = 0; c < cols; c += 2) {
@@ -125,11 +130,14 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
   alignas(32) float sigma[kMaxRows];
   if (!pack_weights<R>(wt, wt_stride, cols, pairs, sigma)) return false;
   // As many vectors of dims per pass over the keys as keep 16 accumulators (an even
-  // count, at most the 8 of 128 dims); then 32 dims a pass, the last masked.
+  // count, at most the 8 of 128 dims), then 4 (64 dims: a shorter head's 4 chains, not
+  // 2), then 32 dims a pass, the last masked.
   constexpr int kVectors = std::min(8, 16 / R / 2 * 2);
   std::int64_t d = 0;
   for (; d + 16 * kVectors <= Ev; d += 16 * kVectors)
     accumulate_dims<R, kVectors>(pairs, sigma, v_rows, cols, Ev, ahead, d, 16 * kVectors, out);
+  if constexpr (kVectors > 4)
+    for (; d + 64 <= Ev; d += 64) accumulate_dims<R, 4>(pairs, sigma, v_rows, cols, Ev, ahead, d, 64, out);
   for (; d < Ev; d += 32)
     accumulate_dims<R, 2>(pairs, sigma, v_rows, cols, Ev, ahead, d, std::min<std::int64_t>(32, Ev - d), out);
   return true;
@@ -154,6 +162,7 @@ bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, 
   static constexpr Kernel kernels[kMaxRows] = {accumulate_rows<1>, accumulate_rows<2>, accumulate_rows<3>,
                                                accumulate_rows<4>, accumulate_rows<5>, accumulate_rows<6>,
                                                accumulate_rows<7>, accumulate_rows<8>};
+  assert(rows >= 1 && rows <= kMaxRows && cols <= kMaxKeys);  // (the stack buffers' sizes)
   return kernels[rows - 1](wt, wt_stride, v_rows, cols, Ev, ahead, out);
 }
 
