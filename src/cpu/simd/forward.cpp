@@ -76,6 +76,8 @@ constexpr double kLn2 = 0.6931471805599453;
 // bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h), written for 32-row
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
+static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
+              "bf16::row_scores and int8::row_accumulate take every decode task's rows and tiles");
 
 // One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
 // AVX-512: see ForwardFloat32) and its running state. A task holds several, so that
@@ -255,8 +257,6 @@ class Task {
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
-    static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
-                  "bf16::row_scores and int8::row_accumulate take every decode task's rows and tiles");
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
     // Both read in place, and no step that works lane by lane: the dense Sᵀ.
     const std::int64_t group = DenseGroup(row_count);
@@ -629,7 +629,8 @@ class Task {
   // more than a tile, N = 16 there).
   const bool bf16_row_scores_;
   // … and int8 V: P·V on vpdpwssd, the weights rounded to int16 per row and tile
-  // (int8::row_accumulate; float32 for a tile with a weight that is not finite).
+  // (int8::row_accumulate; float32 for a tile with a weight that is not finite, or a row's
+  // largest below 2^-96).
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
