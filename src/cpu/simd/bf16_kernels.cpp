@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstring>
 
 #define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -142,9 +143,13 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
   }
   __m512 factor = _mm512_set1_ps(scale);
   if (k_scale != nullptr) {  // lane k·R + r: key k's scale (k_scale has 16 floats from c on)
-    alignas(64) std::int32_t key_of_lane[16];
-    for (int i = 0; i < 16; ++i) key_of_lane[i] = i / R;
-    factor = _mm512_mul_ps(factor, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane), _mm512_loadu_ps(k_scale + c)));
+    alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = [] {
+      std::array<std::int32_t, 16> key{};
+      for (int i = 0; i < 16; ++i) key[i] = i / R;
+      return key;
+    }();
+    factor = _mm512_mul_ps(factor,
+                           _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + c)));
   }
   const __m512 sums = _mm512_mul_ps(lane_sums<M>(acc), factor);
   if (st_stride == R) {  // a dense Sᵀ: the keys' scores lie in the sums' order
@@ -188,9 +193,12 @@ void row_scores_of(const std::uint16_t* q, std::int64_t rows, std::int64_t E, co
 }  // namespace
 
 bool supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  static const bool has = [] {  // (asked by every forward and backward call, and task)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
 }
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,

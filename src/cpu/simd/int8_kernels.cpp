@@ -150,9 +150,12 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
 }  // namespace
 
 bool supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  static const bool has = [] {  // (asked by every forward task)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return has;
 }
 
 bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, const std::byte* const* v_rows,
