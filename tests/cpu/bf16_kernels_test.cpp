@@ -186,7 +186,7 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
   std::mt19937_64 rng(5);
   const std::int64_t cols = 37, ahead = 4;
   const std::uint16_t nan = 0x7fc0;
-  for (std::int64_t E : {1, 31, 32, 33, 100, 128})
+  for (std::int64_t E : {1, 31, 32, 33, 64, 100, 128})
     for (std::int64_t rows = 1; rows <= kMaxDecodeRows; ++rows)
       for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
         SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
