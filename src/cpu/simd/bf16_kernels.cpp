@@ -99,17 +99,21 @@ SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
 }
 
 // K's 32 dims [e, e + 32) (masked: 0 past the mask) as bfloat16 for vdpbf16ps: a
-// bfloat16 row as it is; an int8 row widened through float32, exactly (|k| <= 128 needs
-// 8 significant bits, bfloat16's count).
+// bfloat16 row as it is; an int8 row widened to float32, exactly, whose high halves are
+// then its bfloat16 bits (|k| <= 128 needs 8 significant bits, bfloat16's count, so the
+// low halves are 0). Picking the halves with one permutation, not rounding with
+// cvtne2ps2bf16: 3 % faster a decode call in cache on Zen 4.
 SDPA_BF16_TARGET inline __m512bh key_dims(const std::uint16_t* row, __mmask32 mask) {
   return as_bh(_mm512_maskz_loadu_epi16(mask, row));
 }
-SDPA_BF16_TARGET inline __m512 widen_int8(const std::int8_t* x, __mmask16 mask) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, x)));
+SDPA_BF16_TARGET inline __m512i widen_int8(const std::int8_t* x, __mmask16 mask) {
+  return _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, x))));
 }
 SDPA_BF16_TARGET inline __m512bh key_dims(const std::int8_t* row, __mmask32 mask) {
-  return _mm512_cvtne2ps_pbh(widen_int8(row + 16, static_cast<__mmask16>(mask >> 16)),
-                             widen_int8(row, static_cast<__mmask16>(mask)));
+  const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return as_bh(_mm512_permutex2var_epi16(widen_int8(row, static_cast<__mmask16>(mask)), high_halves,
+                                         widen_int8(row + 16, static_cast<__mmask16>(mask >> 16))));
 }
 
 // Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
