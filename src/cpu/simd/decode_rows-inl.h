@@ -49,14 +49,20 @@ namespace simd {
 // 16 vector registers of AVX2).
 constexpr std::int64_t kFewRows = 8;
 
-// The kernels request row c + kRowsAhead's lines while they compute with row c, so the
-// row lists they take hold kRowsAhead rows past the tile (the next tile's first rows).
+// The kernels request row c + RowsAhead<T>'s lines while they compute with row c, so the
+// row lists they take hold kMaxRowsAhead rows past the tile (the next tile's first rows).
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
 // the next tile's lines at the tile's start (the previous way) left the two in turn.
 // 32 rows: 16 KiB ahead for float32 at E = 128, 8 KiB for bfloat16; 16 left the Zen 4's
-// bfloat16 decode waiting on its rows once its scores took vdpbf16ps (docs/performance.md,
-// "Decoding").
-constexpr std::int64_t kRowsAhead = 32;
+// bfloat16 decode waiting on its rows once its scores took vdpbf16ps. int8 rows: 64, the
+// same 8 KiB (32 read 7.0-8.1 ms an S = 65536 call on Zen 4, 64 6.2-6.5; 128 no better:
+// docs/performance.md, "Decoding").
+constexpr std::int64_t kMaxRowsAhead = 64;
+template <class T>
+constexpr std::int64_t RowsAhead() {
+  return sizeof(T) == 1 ? 64 : 32;
+}
+static_assert(RowsAhead<std::int8_t>() <= kMaxRowsAhead && RowsAhead<float>() <= kMaxRowsAhead);
 
 // Requests the 64-byte line of row[e] into L2 if e starts one (e: a multiple of the
 // lanes). Into L2, not L1 (prefetcht1, not hwy::Prefetch's prefetcht0): on the Zen 4 of
@@ -191,7 +197,7 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
     VF x[Keys];
     for (int k = 0; k < Keys; ++k) {
       x[k] = WidenRow(RowAt<T>(k_rows, c + k) + e);
-      PrefetchLine(RowAt<T>(k_rows, c + k + kRowsAhead), e);
+      PrefetchLine(RowAt<T>(k_rows, c + k + RowsAhead<T>()), e);
     }
     for (int r = 0; r < R; ++r) {
       const VF qv = hn::LoadU(df, q + r * E + e);
@@ -318,7 +324,7 @@ HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps,
     VF x[V];
     for (int v = 0; v < V; ++v) {
       x[v] = WidenRow(RowAt<T>(v_rows, c) + d0 + v * N);
-      PrefetchLine(RowAt<T>(v_rows, c + kRowsAhead), d0 + v * N);
+      PrefetchLine(RowAt<T>(v_rows, c + RowsAhead<T>()), d0 + v * N);
     }
     for (int r = 0; r < R; ++r) {
       const VF p = hn::Set(df, pt[c * ps + r]);

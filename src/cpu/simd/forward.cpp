@@ -104,7 +104,7 @@ struct Scratch {
   // int8::row_accumulate's row-major P·V of a tile.
   hwy::AlignedFreeUniquePtr<float[]> row_major;
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
-  std::vector<const std::byte*> k_rows, v_rows;         // decode rows: the tile's rows in place (and kRowsAhead more)
+  std::vector<const std::byte*> k_rows, v_rows;        // decode rows: the tile's rows in place (and kMaxRowsAhead more)
   // bfloat16 path: probability pairs, K and V tiles, value pairs.
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
 
@@ -135,8 +135,8 @@ struct Scratch {
     v_scale = allocate_aligned<float>(scales);
     std::fill(k_scale.get(), k_scale.get() + scales, 0.0f);
     std::fill(v_scale.get(), v_scale.get() + scales, 0.0f);
-    k_rows.resize(kKeyTile + kRowsAhead);
-    v_rows.resize(kKeyTile + kRowsAhead);
+    k_rows.resize(kKeyTile + kMaxRowsAhead);
+    v_rows.resize(kKeyTile + kMaxRowsAhead);
     if (bf16_path) {
       pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
       k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
@@ -267,12 +267,12 @@ class Task {
   }
 
   // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and
-  // kRowsAhead more for the kernels' prefetches: the next rows, or (past this task's
+  // kMaxRowsAhead more for the kernels' prefetches: the next rows, or (past this task's
   // keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
     const auto row = RowAddresses(op, kvm_);
-    for (std::int64_t c = 0; c < cols + kRowsAhead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
+    for (std::int64_t c = 0; c < cols + kMaxRowsAhead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
@@ -366,10 +366,11 @@ class Task {
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
       const auto st_stride = static_cast<std::int64_t>(stride);
       if (bf16_row_scores_ && p_.key.dtype == DType::int8)
-        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), k_scale, cols, kRowsAhead, scale, st,
-                              st_stride);
+        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), k_scale, cols, RowsAhead<std::int8_t>(),
+                              scale, st, st_stride);
       else if (bf16_row_scores_)
-        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, kRowsAhead, scale, st, st_stride);
+        bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, RowsAhead<std::uint16_t>(), scale, st,
+                         st_stride);
       else
         RowScores(p_.key.dtype, few_keys_, t.q_rows.get(), p_.E, s_.k_rows.data(), cols, k_scale, st, stride);
     } else if (bf16_) {
@@ -491,8 +492,8 @@ class Task {
       }
       if (p_.value_scale.present()) ScaleColumns(s_.st.get(), ScoreStride(), cols, s_.v_scale.get());
       float* o = s_.row_major.get();  // (int8 P·V: few_values_ × Ev, row-major)
-      if (int8_row_values_ && int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()),
-                                                   few_values_, s_.v_rows.data(), cols, p_.Ev, kRowsAhead, o)) {
+      if (int8_row_values_ && int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()), few_values_,
+                                                   s_.v_rows.data(), cols, p_.Ev, RowsAhead<std::int8_t>(), o)) {
         AddRowsTransposed(few_values_, o, p_.Ev, t.ot.get(), s_.rows);
         return;
       }
