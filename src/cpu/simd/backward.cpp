@@ -1,7 +1,8 @@
 // The fast CPU backward for float32, bfloat16 and float16 inputs (float32 arithmetic):
 // Google Highway, compiled once per x86 target and picked at run time, as the forward
-// (simd/forward.cpp), and with the forward's layout: tiles held *transposed*, query
-// rows along the vector lanes, scores in log2 units (Q pre-multiplied by scale·log2 e).
+// (simd/forward.cpp, forward_task-inl.h), and with the forward's layout: tiles held
+// *transposed*, query rows along the vector lanes, scores in log2 units (Q
+// pre-multiplied by scale·log2 e).
 //
 // Per key tile of K, V (read in place) and subtile of query rows, with P recomputed
 // from the forward's log-sum-exp (lse2 = lse·log2 e), so no L×S matrix is ever held:
