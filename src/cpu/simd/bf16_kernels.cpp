@@ -68,11 +68,10 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
-// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
-// dependent chain. The order of the adds is fixed, so a score's bits are.
+// Block k of quads[j] = the sums over block k (4 lanes) of acc[4j] .. acc[4j+3], for
+// M <= 16 accumulators (0 past M): the first two levels of lane_sums.
 template <int M>
-SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
+SDPA_BF16_TARGET inline void block_sums(const __m512* acc, __m512* quads) {
   static_assert(M >= 1 && M <= 16, "one vector of sums");
   __m512 at[16];  // (a lambda would not take the function's target)
 #pragma GCC unroll 16
@@ -83,13 +82,20 @@ SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
   for (int i = 0; i < 8; ++i)
     pairs[i] =
         _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
-  // Block k of quads[j]: the sums over block k of the vectors 4j .. 4j+3.
-  __m512 quads[4];
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
     const __m512d x = _mm512_castps_pd(pairs[2 * j]), y = _mm512_castps_pd(pairs[2 * j + 1]);
     quads[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
+}
+
+// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
+// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
+// dependent chain. The order of the adds is fixed, so a score's bits are.
+template <int M>
+SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
+  __m512 quads[4];
+  block_sums<M>(acc, quads);
   // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
   const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
                                    _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
@@ -109,11 +115,22 @@ SDPA_BF16_TARGET inline __m512bh key_dims(const std::uint16_t* row, __mmask32 ma
 SDPA_BF16_TARGET inline __m512i widen_int8(const std::int8_t* x, __mmask16 mask) {
   return _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, x))));
 }
-SDPA_BF16_TARGET inline __m512bh key_dims(const std::int8_t* row, __mmask32 mask) {
+SDPA_BF16_TARGET inline __m512bh key_halves(const std::int8_t* a, const std::int8_t* b, __mmask16 mask_a,
+                                            __mmask16 mask_b) {
   const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
                                                27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return as_bh(_mm512_permutex2var_epi16(widen_int8(row, static_cast<__mmask16>(mask)), high_halves,
-                                         widen_int8(row + 16, static_cast<__mmask16>(mask >> 16))));
+  return as_bh(_mm512_permutex2var_epi16(widen_int8(a, mask_a), high_halves, widen_int8(b, mask_b)));
+}
+SDPA_BF16_TARGET inline __m512bh key_dims(const std::int8_t* row, __mmask32 mask) {
+  return key_halves(row, row + 16, static_cast<__mmask16>(mask), static_cast<__mmask16>(mask >> 16));
+}
+
+// Lane i of a dense Sᵀ's 16 scores of R rows: key i / R's.
+template <int R>
+constexpr std::array<std::int32_t, 16> KeyOfLane() {
+  std::array<std::int32_t, 16> key{};
+  for (int i = 0; i < 16; ++i) key[i] = i / R;
+  return key;
 }
 
 // Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
@@ -150,11 +167,7 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
   }
   __m512 factor = _mm512_set1_ps(scale);
   if (k_scale != nullptr) {  // lane k·R + r: key k's scale (k_scale has 16 floats from c on)
-    alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = [] {
-      std::array<std::int32_t, 16> key{};
-      for (int i = 0; i < 16; ++i) key[i] = i / R;
-      return key;
-    }();
+    alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
     factor = _mm512_mul_ps(factor,
                            _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + c)));
   }
@@ -169,12 +182,96 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
     for (int r = 0; r < R; ++r) st[(c + k) * st_stride + r] = lanes[k * R + r];
 }
 
+// Two int8 keys' 16 dims a vector: key a's in lanes 0-7, key b's in lanes 8-15.
+SDPA_BF16_TARGET inline __m512bh key_pair_dims(const std::int8_t* a, const std::int8_t* b) {
+  return key_halves(a, b, 0xffff, 0xffff);
+}
+
+// Lanes of the two vectors of sums for 16 accumulators whose halves (lanes 0-7, 8-15)
+// are two keys' partial sums: vector m, lane l holds accumulator v = 8m + 4(l/8) + l%4's
+// half (l/4)%2 (the transpose of lane_sums, one level short). The keys of a pair p are
+// 2p and 2p + 1, accumulator v = p·R + r; in a dense Sᵀ the score of key k, row r lies at
+// k·R + r. LaneOfDense<R>()[i] is the lane of vector m that holds the dense score 16m + i.
+template <int R>
+constexpr std::array<std::int32_t, 16> LaneOfDense() {
+  std::array<std::int32_t, 16> lane_of{};
+  for (int l = 0; l < 16; ++l) {
+    const int v = 4 * (l / 8) + l % 4, half = (l / 4) % 2;  // (vector 0; vector 1 alike)
+    lane_of[(2 * (v / R) + half) * R + v % R] = l;
+  }
+  return lane_of;
+}
+
+// Keys [c, c + 32 / R) of int8 K against R query rows, R a divisor of 8, E = 32 · Steps:
+// as row_score_keys, but two keys share each accumulator (16 dims a step), so that the sums
+// of 16 accumulators are 32 scores in 42 instructions, not 16 in 45 — the lane sums were
+// a quarter of an int8 key's instructions (docs/performance.md, "Decoding"). Taken for
+// R = 2, 4, 8 (row_scores_steps): R = 1's 16 pairs unrolled over 8 steps ran 3 % slower,
+// and bfloat16 keys stay one a vector (a pair of them costs an insert more per 32 dims:
+// 1 % slower).
+template <int R, int Steps>
+SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const std::byte* const* k_rows, std::int64_t c,
+                                                 std::int64_t ahead, float scale, const float* k_scale, float* st,
+                                                 std::int64_t st_stride) {
+  static_assert(8 % R == 0 && Steps > 0, "whole keys in each vector of sums");
+  constexpr int kPairs = 16 / R, kKeys = 2 * kPairs;
+  constexpr std::int64_t E = 32 * Steps;
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]); };
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (std::int64_t e = 0; e < E; e += 16) {
+    __m512bh qv[R];  // the rows' dims [e, e + 16) in both halves
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      qv[r] = as_bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * E + e))));
+#pragma GCC unroll 16
+    for (int p = 0; p < kPairs; ++p) {
+      const __m512bh kv = key_pair_dims(key(2 * p) + e, key(2 * p + 1) + e);
+      if (e % 64 == 0) {  // a request per 64-byte line
+        _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + ahead) + e), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + 1 + ahead) + e), _MM_HINT_T1);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[p * R + r] = _mm512_dpbf16_ps(acc[p * R + r], qv[r], kv);
+    }
+  }
+  __m512 quads[4];
+  block_sums<16>(acc, quads);
+  alignas(64) static constexpr std::array<std::int32_t, 16> kLaneOfDense = LaneOfDense<R>();
+  alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
+#pragma GCC unroll 2
+  for (int m = 0; m < 2; ++m) {
+    // Blocks (0 + 1) and (2 + 3): the halves of accumulators 8m .. 8m+3, then 8m+4 .. 8m+7.
+    const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0x88),
+                                        _mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0xDD));
+    __m512 factor = _mm512_set1_ps(scale);
+    const std::int64_t first = c + m * kKeys / 2;  // this vector's first key
+    if (k_scale != nullptr)
+      factor = _mm512_mul_ps(
+          factor, _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first)));
+    const __m512 sums = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_load_si512(kLaneOfDense.data()), halves), factor);
+    if (st_stride == R) {
+      _mm512_storeu_ps(st + first * R, sums);
+      continue;
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sums);
+    for (int k = 0; k < kKeys / 2; ++k)
+      for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
+  }
+}
+
 template <int R, class Key, int Steps>
 SDPA_BF16_TARGET void row_scores_steps(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale,
                                        float* st, std::int64_t st_stride) {
   constexpr int kKeys = 16 / R;
   std::int64_t c = 0;
+  if constexpr (Steps > 0 && R > 1 && 8 % R == 0 && sizeof(Key) == 1)
+    for (; c + 2 * kKeys <= cols; c += 2 * kKeys)
+      row_score_key_pairs<R, Steps>(q, k_rows, c, ahead, scale, k_scale, st, st_stride);
   for (; c + kKeys <= cols; c += kKeys)
     row_score_keys<R, kKeys, Key, Steps>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
   for (; c < cols; ++c) row_score_keys<R, 1, Key, Steps>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
