@@ -59,50 +59,67 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
   return true;
 }
 
+// acc + vpdpwssd(a, b), in inline assembly on values: with the intrinsic GCC 12 copied
+// every accumulator to another register and back around each key pair (32 moves per 16
+// products); with assembly on the accumulator array's elements, it kept them in memory
+// (0.59 ms a call against 0.34). This way the loop holds them in registers: 0.300 ->
+// 0.295 ms a decode call in cache on Zen 4 (docs/performance.md, "Decoding").
+SDPA_INT8_TARGET inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// acc[r][·] += the R rows' weights of keys c, c + 1 (Partner; else key c alone) times
+// their V dims [d0, d0 + 16·V) (masked by mask[h] a pair of vectors h).
+template <int R, int V, bool Partner>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void add_pair(__m512i (&acc)[R][V], const std::int32_t* pairs,
+                                                                     const std::byte* const* v_rows, std::int64_t c,
+                                                                     std::int64_t ahead, std::int64_t d0,
+                                                                     const __mmask32* mask) {
+  const auto row = [&](std::int64_t k) { return reinterpret_cast<const std::int8_t*>(v_rows[k]) + d0; };
+  // Block j of x[2h] (x[2h+1]): dims 32h + 8j + 0..3 (4..7) of keys c and c + 1 as
+  // int16 pairs (unpacklo/hi work within 128-bit blocks; the epilogue reorders).
+  __m512i x[V];
+#pragma GCC unroll 4
+  for (int h = 0; h < V / 2; ++h) {
+    const __m512i a = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c) + 32 * h));
+    const __m512i b =
+        Partner ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c + 1) + 32 * h)) : _mm512_setzero_si512();
+    if (h % 2 == 0) {  // a request per 64-byte line
+      _mm_prefetch(reinterpret_cast<const char*>(row(c + ahead) + 32 * h), _MM_HINT_T1);
+      if (Partner) _mm_prefetch(reinterpret_cast<const char*>(row(c + 1 + ahead) + 32 * h), _MM_HINT_T1);
+    }
+    x[2 * h] = _mm512_unpacklo_epi16(a, b);
+    x[2 * h + 1] = _mm512_unpackhi_epi16(a, b);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512i w = _mm512_set1_epi32(pairs[(c / 2) * kMaxRows + r]);
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = dpwssd(acc[r][v], x[v], w);
+  }
+}
+
 // out[r·Ev + d] for the dims [d0, d0 + n), n <= 16·V (V even: 32 dims a pair of vectors).
 template <int R, int V>
 SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* sigma, const std::byte* const* v_rows,
                                       std::int64_t cols, std::int64_t Ev, std::int64_t ahead, std::int64_t d0,
                                       std::int64_t n, float* out) {
   static_assert(V % 2 == 0 && V <= 8 && R <= kMaxRows, "the unroll pragmas below cover these");
-  const auto row = [&](std::int64_t c) { return reinterpret_cast<const std::int8_t*>(v_rows[c]) + d0; };
   __mmask32 mask[V / 2];
   for (int h = 0; h < V / 2; ++h) {
     const std::int64_t left = n - 32 * h;
     mask[h] = left >= 32 ? ~__mmask32{0} : left > 0 ? (__mmask32{1} << left) - 1 : 0;
   }
-  // (The intrinsic, though GCC 12 copies its accumulator to another register around
-  // each one: inline assembly on these array elements kept them in memory, 0.59 ms a
-  // call against 0.34 in the benchmark of docs/performance.md.)
   __m512i acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_si512();
-  for (std::int64_t c = 0; c < cols; c += 2) {
-    const bool partner = c + 1 < cols;
-    // Block j of x[2h] (x[2h+1]): dims 32h + 8j + 0..3 (4..7) of keys c and c + 1 as
-    // int16 pairs (unpacklo/hi work within 128-bit blocks; the epilogue reorders).
-    __m512i x[V];
-#pragma GCC unroll 4
-    for (int h = 0; h < V / 2; ++h) {
-      const __m512i a = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c) + 32 * h));
-      const __m512i b = partner ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask[h], row(c + 1) + 32 * h))
-                                : _mm512_setzero_si512();
-      if (h % 2 == 0) {  // a request per 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(row(c + ahead) + 32 * h), _MM_HINT_T1);
-        if (partner) _mm_prefetch(reinterpret_cast<const char*>(row(c + 1 + ahead) + 32 * h), _MM_HINT_T1);
-      }
-      x[2 * h] = _mm512_unpacklo_epi16(a, b);
-      x[2 * h + 1] = _mm512_unpackhi_epi16(a, b);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512i w = _mm512_set1_epi32(pairs[(c / 2) * kMaxRows + r]);
-#pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpwssd_epi32(acc[r][v], x[v], w);
-    }
-  }
+  // Whole pairs, then a last odd key against zeros: no branch on a partner in the loop.
+  std::int64_t c = 0;
+  for (; c + 1 < cols; c += 2) add_pair<R, V, true>(acc, pairs, v_rows, c, ahead, d0, mask);
+  if (c < cols) add_pair<R, V, false>(acc, pairs, v_rows, c, ahead, d0, mask);
   // Dims in order: 4 lanes of the low vector, 4 of the high one, block by block.
   const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
