@@ -209,8 +209,9 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
 // The same for int8 K rows, widened to bfloat16 in registers (exact: |k| <= 128), each
 // score times its key's scale: every row count, E on and off the step, both strides,
 // -128 and 127 among the keys, and 127s past E that the masked loads must leave. Rows 2,
-// 4 and 8 at E = 64 and 128 take two keys a vector for their first 32 / rows keys at a
-// time (row_score_key_pairs), the rest one key a vector.
+// 4 and 8 at E = 64 and 128 take two keys a vector in whole blocks of 32 / rows keys
+// (row_score_key_pairs; cols = 37: keys 0-31 for rows 2 and 4, 0-35 for rows 8), the
+// rest one key a vector.
 TEST(Bf16Kernels, RowScoresOfInt8KeysTimesTheirScales) {
   SKIP_WITHOUT_BF16();
   std::mt19937_64 rng(6);

@@ -69,9 +69,11 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 #endif
 
 // Block k of quads[j] = the sums over block k (4 lanes) of acc[4j] .. acc[4j+3], for
-// M <= 16 accumulators (0 past M): the first two levels of lane_sums.
+// M <= 16 accumulators (0 past M): the first two levels of lane_sums. (These helpers
+// are always inlined: once GCC called lane_sums out of line, the 16 accumulators went
+// through the stack, 11 % slower a bfloat16 decode call.)
 template <int M>
-SDPA_BF16_TARGET inline void block_sums(const __m512* acc, __m512* quads) {
+SDPA_BF16_TARGET inline __attribute__((always_inline)) void block_sums(const __m512* acc, __m512* quads) {
   static_assert(M >= 1 && M <= 16, "one vector of sums");
   __m512 at[16];  // (a lambda would not take the function's target)
 #pragma GCC unroll 16
@@ -93,7 +95,7 @@ SDPA_BF16_TARGET inline void block_sums(const __m512* acc, __m512* quads) {
 // transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
 // dependent chain. The order of the adds is fixed, so a score's bits are.
 template <int M>
-SDPA_BF16_TARGET inline __m512 lane_sums(const __m512* acc) {
+SDPA_BF16_TARGET inline __attribute__((always_inline)) __m512 lane_sums(const __m512* acc) {
   __m512 quads[4];
   block_sums<M>(acc, quads);
   // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
@@ -133,53 +135,73 @@ constexpr std::array<std::int32_t, 16> KeyOfLane() {
   return key;
 }
 
-// Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
-// registers and each key's vector is read once per step, so that Keys · R = 16
-// accumulators, R q vectors and a key vector fit the 32 registers. Key: the K rows'
-// element type; k_scale, int8's scales (or null); Steps: E / 32 when the caller knows it
-// (0: E from the argument, the last step masked).
-template <int R, int Keys, class Key, int Steps>
-SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                            std::int64_t c, std::int64_t ahead, float scale, const float* k_scale,
-                                            float* st, std::int64_t st_stride) {
-  constexpr int M = Keys * R;
-  const auto key = [&](std::int64_t i) { return reinterpret_cast<const Key*>(k_rows[c + i]); };  // (no intrinsics)
-  __m512 acc[M];
-#pragma GCC unroll 16
-  for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
-  // 32 dims a step, the last step masked to E (its lanes past E read as 0 in both
-  // operands: a key's NaN past E never meets them).
-  if constexpr (Steps > 0) E = 32 * Steps;
-#pragma GCC unroll 8
-  for (std::int64_t e = 0; e < E; e += 32) {
-    const __mmask32 mask = Steps > 0 || E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1;
-    __m512bh qv[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) qv[r] = as_bh(_mm512_maskz_loadu_epi16(mask, q + r * E + e));
-#pragma GCC unroll 16
-    for (int k = 0; k < Keys; ++k) {
-      const __m512bh kv = key_dims(key(k) + e, mask);
-      if (sizeof(Key) == 2 || e % 64 == 0)  // a request per 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[k * R + r] = _mm512_dpbf16_ps(acc[k * R + r], qv[r], kv);
-    }
-  }
+// st[(first + k)·st_stride + r] = sums[k·R + r] for k < Keys, times scale and, for int8,
+// key first + k's scale (k_scale has 16 floats from first on). sums: a dense Sᵀ's order.
+template <int R, int Keys>
+SDPA_BF16_TARGET inline __attribute__((always_inline)) void store_scores(__m512 sums, float scale, const float* k_scale,
+                                                                         std::int64_t first, float* st,
+                                                                         std::int64_t st_stride) {
+  static_assert(Keys * R <= 16, "one vector of scores");
   __m512 factor = _mm512_set1_ps(scale);
-  if (k_scale != nullptr) {  // lane k·R + r: key k's scale (k_scale has 16 floats from c on)
+  if (k_scale != nullptr) {
     alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
-    factor = _mm512_mul_ps(factor,
-                           _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + c)));
+    factor = _mm512_mul_ps(
+        factor, _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first)));
   }
-  const __m512 sums = _mm512_mul_ps(lane_sums<M>(acc), factor);
-  if (st_stride == R) {  // a dense Sᵀ: the keys' scores lie in the sums' order
-    _mm512_mask_storeu_ps(st + c * R, static_cast<__mmask16>((1u << M) - 1), sums);
+  sums = _mm512_mul_ps(sums, factor);
+  if (st_stride == R) {  // a dense Sᵀ
+    _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), sums);
     return;
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sums);
   for (int k = 0; k < Keys; ++k)
-    for (int r = 0; r < R; ++r) st[(c + k) * st_stride + r] = lanes[k * R + r];
+    for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
+}
+
+// One step of row_score_keys: dims [e, e + 32), masked.
+template <int R, int Keys, class Key>
+SDPA_BF16_TARGET inline __attribute__((always_inline)) void score_step(const std::uint16_t* q, std::int64_t E,
+                                                                       std::int64_t e, __mmask32 mask,
+                                                                       const std::byte* const* k_rows, std::int64_t c,
+                                                                       std::int64_t ahead, __m512 (&acc)[Keys * R]) {
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const Key*>(k_rows[c + i]); };  // (no intrinsics)
+  __m512bh qv[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) qv[r] = as_bh(_mm512_maskz_loadu_epi16(mask, q + r * E + e));
+#pragma GCC unroll 16
+  for (int k = 0; k < Keys; ++k) {
+    const __m512bh kv = key_dims(key(k) + e, mask);
+    if (sizeof(Key) == 2 || e % 64 == 0)  // a request per 64-byte line
+      _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[k * R + r] = _mm512_dpbf16_ps(acc[k * R + r], qv[r], kv);
+  }
+}
+
+// Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
+// registers and each key's vector is read once per step, so that Keys · R = 16
+// accumulators, R q vectors and a key vector fit the 32 registers. Key: the K rows'
+// element type; k_scale, int8's scales (or null); Steps: E / 32 when the caller knows it
+// (unrolled, unmasked), else 0 (E from the argument, the last step masked: its lanes past
+// E read as 0 in both operands, so a key's NaN past E never meets them).
+template <int R, int Keys, class Key, int Steps>
+SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
+                                            std::int64_t c, std::int64_t ahead, float scale, const float* k_scale,
+                                            float* st, std::int64_t st_stride) {
+  __m512 acc[Keys * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < Keys * R; ++i) acc[i] = _mm512_setzero_ps();
+  if constexpr (Steps > 0) {
+#pragma GCC unroll 8
+    for (int step = 0; step < Steps; ++step)
+      score_step<R, Keys, Key>(q, 32 * Steps, 32 * step, ~__mmask32{0}, k_rows, c, ahead, acc);
+  } else {
+    for (std::int64_t e = 0; e < E; e += 32)
+      score_step<R, Keys, Key>(q, E, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1, k_rows, c, ahead,
+                               acc);
+  }
+  store_scores<R, Keys>(lane_sums<Keys * R>(acc), scale, k_scale, c, st, st_stride);
 }
 
 // Two int8 keys' 16 dims a vector: key a's in lanes 0-7, key b's in lanes 8-15.
@@ -204,7 +226,7 @@ constexpr std::array<std::int32_t, 16> LaneOfDense() {
 
 // Keys [c, c + 32 / R) of int8 K against R query rows, R a divisor of 8, E = 32 · Steps:
 // as row_score_keys, but two keys share each accumulator (16 dims a step), so that the sums
-// of 16 accumulators are 32 scores in 42 instructions, not 16 in 45 — the lane sums were
+// of 16 accumulators are 32 scores in 44 instructions, not 16 in 45 — the lane sums were
 // a quarter of an int8 key's instructions (docs/performance.md, "Decoding"). Taken for
 // R = 2, 4, 8 (row_scores_steps): R = 1's 16 pairs unrolled over 8 steps ran 3 % slower,
 // and bfloat16 keys stay one a vector (a pair of them costs an insert more per 32 dims:
@@ -214,7 +236,8 @@ SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const s
                                                  std::int64_t ahead, float scale, const float* k_scale, float* st,
                                                  std::int64_t st_stride) {
   static_assert(8 % R == 0 && Steps > 0, "whole keys in each vector of sums");
-  constexpr int kPairs = 16 / R, kKeys = 2 * kPairs;
+  constexpr int kPairs = 16 / R;       // pairs of keys, R accumulators each
+  constexpr int kVectorKeys = 16 / R;  // keys a vector of sums holds
   constexpr std::int64_t E = 32 * Steps;
   const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]); };
   __m512 acc[16];
@@ -240,29 +263,18 @@ SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const s
   __m512 quads[4];
   block_sums<16>(acc, quads);
   alignas(64) static constexpr std::array<std::int32_t, 16> kLaneOfDense = LaneOfDense<R>();
-  alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
 #pragma GCC unroll 2
   for (int m = 0; m < 2; ++m) {
     // Blocks (0 + 1) and (2 + 3): the halves of accumulators 8m .. 8m+3, then 8m+4 .. 8m+7.
     const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0x88),
                                         _mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0xDD));
-    __m512 factor = _mm512_set1_ps(scale);
-    const std::int64_t first = c + m * kKeys / 2;  // this vector's first key
-    if (k_scale != nullptr)
-      factor = _mm512_mul_ps(
-          factor, _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first)));
-    const __m512 sums = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_load_si512(kLaneOfDense.data()), halves), factor);
-    if (st_stride == R) {
-      _mm512_storeu_ps(st + first * R, sums);
-      continue;
-    }
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, sums);
-    for (int k = 0; k < kKeys / 2; ++k)
-      for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
+    const __m512 sums = _mm512_permutexvar_ps(_mm512_load_si512(kLaneOfDense.data()), halves);
+    store_scores<R, kVectorKeys>(sums, scale, k_scale, c + m * kVectorKeys, st, st_stride);
   }
 }
 
+// row_scores for R rows: blocks of 32 / R keys two a vector where row_score_key_pairs
+// applies, then blocks of 16 / R keys, then the last keys one at a time.
 template <int R, class Key, int Steps>
 SDPA_BF16_TARGET void row_scores_steps(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale,

@@ -55,8 +55,8 @@ constexpr std::int64_t kFewRows = 8;
 // the next tile's lines at the tile's start (the previous way) left the two in turn.
 // 32 rows: 16 KiB ahead for float32 at E = 128, 8 KiB for bfloat16; 16 left the Zen 4's
 // bfloat16 decode waiting on its rows once its scores took vdpbf16ps. int8 rows: 64, the
-// same 8 KiB (32 read 7.0-8.1 ms an S = 65536 call on Zen 4, 64 6.2-6.5; 128 no better:
-// docs/performance.md, "Decoding").
+// same 8 KiB (an S = 65536 call on Zen 4, two threads, 8 alternating runs: median 7.7 ms
+// at 32, 7.2 at 64; 128 no better: docs/performance.md, "Decoding").
 constexpr std::int64_t kMaxRowsAhead = 64;
 template <class T>
 constexpr std::int64_t RowsAhead() {

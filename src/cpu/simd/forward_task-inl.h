@@ -53,6 +53,7 @@
 
 #include "common/half.h"
 #include "common/problem.h"
+#include "cpu/scratch.h"
 #include "cpu/simd/bf16_kernels.h"
 #include "cpu/simd/int8_kernels.h"
 #include "hwy/aligned_allocator.h"

@@ -65,7 +65,7 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
 // (0.59 ms a call against 0.34). This way the loop holds them in registers: 0.300 ->
 // 0.295 ms a decode call in cache on Zen 4 (docs/performance.md, "Decoding").
 SDPA_INT8_TARGET inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "v"(b));  // (AT&T | Intel syntax)
   return acc;
 }
 

@@ -4,8 +4,9 @@
 // place (cpu/simd/decode_rows-inl.h), the weights w = P · s^V (the values' scales
 // folded in) are rounded to int16 against the largest |w| of each row over the call's
 // keys: w ≈ σ_r · ŵ, |ŵ| <= 32767, an error of at most σ_r / 2 per weight
-// (docs/numerics.md, "Quantized K/V"). Raw intrinsics, isolated here and called only
-// where the CPU has the instruction.
+// (docs/numerics.md, "Quantized K/V"). Raw intrinsics (and the product in inline
+// assembly, where GCC 12 copied the accumulators), isolated here and called only where
+// the CPU has the instruction.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // The log-sum-exp merge of partial attention over disjoint key ranges: how split-key
-// decoding (simd/forward.cpp) puts its splits together, exactly, in float32.
+// decoding (simd/forward.cpp, forward_task-inl.h) puts its splits together, exactly, in float32.
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_LSE_MERGE_INL_H_) == defined(HWY_TARGET_TOGGLE)

@@ -1,4 +1,4 @@
-// The register-blocked microkernels of the SIMD forward and backward (simd/forward.cpp,
+// The register-blocked microkernels of the SIMD forward and backward (simd/forward_task-inl.h,
 // simd/backward.cpp) and their tile constants. Tiles are held transposed, query rows
 // along the vector lanes (a subtile is 1, 2 or 3 vectors of rows), so every product is a
 // broadcast of one K, V or weight element against a row of lanes: no horizontal sums.
