@@ -230,7 +230,10 @@ constexpr std::array<std::int32_t, 16> LaneOfDense() {
 // a quarter of an int8 key's instructions (docs/performance.md, "Decoding"). Taken for
 // R = 2, 4, 8 (row_scores_steps): R = 1's 16 pairs unrolled over 8 steps ran 3 % slower,
 // and bfloat16 keys stay one a vector (a pair of them costs an insert more per 32 dims:
-// 1 % slower).
+// 1 % slower). A key's score bits differ between the two ways (16 dims a lane step, not
+// 32); which way a key takes is fixed by R, E and its place in the tile, never by the
+// threads or Sᵀ's stride, so results stay bitwise the same for any thread count and
+// with or without the weights output.
 template <int R, int Steps>
 SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const std::byte* const* k_rows, std::int64_t c,
                                                  std::int64_t ahead, float scale, const float* k_scale, float* st,
