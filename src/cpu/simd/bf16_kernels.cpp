@@ -204,11 +204,6 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
   store_scores<R, Keys>(lane_sums<Keys * R>(acc), scale, k_scale, c, st, st_stride);
 }
 
-// Two int8 keys' 16 dims a vector: key a's in lanes 0-7, key b's in lanes 8-15.
-SDPA_BF16_TARGET inline __m512bh key_pair_dims(const std::int8_t* a, const std::int8_t* b) {
-  return key_halves(a, b, 0xffff, 0xffff);
-}
-
 // Lanes of the two vectors of sums for 16 accumulators whose halves (lanes 0-7, 8-15)
 // are two keys' partial sums: vector m, lane l holds accumulator v = 8m + 4(l/8) + l%4's
 // half (l/4)%2 (the transpose of lane_sums, one level short). The keys of a pair p are
@@ -254,7 +249,8 @@ SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const s
       qv[r] = as_bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * E + e))));
 #pragma GCC unroll 16
     for (int p = 0; p < kPairs; ++p) {
-      const __m512bh kv = key_pair_dims(key(2 * p) + e, key(2 * p + 1) + e);
+      // Key 2p's 16 dims in lanes 0-7, key 2p + 1's in lanes 8-15.
+      const __m512bh kv = key_halves(key(2 * p) + e, key(2 * p + 1) + e, 0xffff, 0xffff);
       if (e % 64 == 0) {  // a request per 64-byte line
         _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + ahead) + e), _MM_HINT_T1);
         _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + 1 + ahead) + e), _MM_HINT_T1);

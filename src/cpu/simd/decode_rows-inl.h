@@ -10,10 +10,10 @@
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
 // Oᵀ stays in the transposed layout the rest of the forward uses (a dim a row, a query
 // row a lane); Sᵀ is either that layout's (a key every vector or two of rows) or dense
-// (a key every G floats: DenseSoftmaxStep below), st_stride apart. float32 decoding
-// took these for the tiles on 2026-11-27 (10–26 % faster on the Cascade Lake Xeon of
-// bench/RESULTS.md), bfloat16 and float16 later that day (2.0–2.3×). A bfloat16 query
-// against bfloat16 or int8 K scores on vdpbf16ps instead where the CPU has it
+// (a key every G floats: DenseSoftmaxStep, simd/decode_softmax-inl.h), st_stride apart.
+// float32 decoding took these for the tiles on 2026-11-27 (10–26 % faster on the
+// Cascade Lake Xeon of bench/RESULTS.md), bfloat16 and float16 later that day
+// (2.0–2.3×). A bfloat16 query against bfloat16 or int8 K scores on vdpbf16ps instead where the CPU has it
 // (bf16::row_scores, the same layout: simd/bf16_kernels.h), and its P·V of int8 V runs on
 // vpdpwssd (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
@@ -36,7 +36,6 @@
 #include <xmmintrin.h>  // _mm_prefetch (PrefetchLine)
 #endif
 // Per-target headers go after highway.h.
-#include "cpu/simd/exp2-inl.h"
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
 
@@ -403,96 +402,6 @@ inline void AddRowsTransposed(std::int64_t rows, const float* o, std::int64_t Ev
   WithRowCount(rows, [&](auto r) {
     AddRowsTransposed<decltype(r)::value>(o, Ev, ot, static_cast<std::int64_t>(ot_rows));
   });
-}
-
-// ---- The softmax of a decode task, on a dense Sᵀ ----
-//
-// The tiles' Sᵀ holds a column (key) a vector and a row a lane, so for R = 4 rows of 16
-// lanes the softmax's exp, max and sums ran on 12 lanes of nothing: ~18 % of an int8
-// decode's time on the Cascade Lake Xeon of bench/RESULTS.md, 5–10 % of float32's and
-// bfloat16's. A decode task without the modifiers that work lane by lane (softcap, ALiBi,
-// dropout) and without the weights output writes Sᵀ dense instead: column c of row r at
-// st[c·G + r], G = DenseGroup(R), so a vector holds N/G columns.
-
-// R rows' group: R rounded up to a power of two, so that a vector holds whole columns.
-inline std::int64_t DenseGroup(std::int64_t rows) {
-  std::int64_t group = 1;
-  while (group < rows) group *= 2;
-  return group;
-}
-
-// The columns the dense softmax runs over for `cols` keys (those past cols hold −inf):
-// whole vectors, and whole quads of columns (the 4 chains of its sums).
-inline std::int64_t DenseColumns(std::int64_t cols, std::int64_t group) {
-  const auto per_vector = static_cast<std::int64_t>(hn::Lanes(DF())) / group;
-  return RoundUp(cols, std::max<std::int64_t>(4, per_vector));
-}
-
-// The online-softmax step over a dense Sᵀ of `columns` columns (DenseColumns) in groups
-// of G: turns Sᵀ into Pᵀ in place, updates m and l (the reference max and the sum, row r
-// at lane r, as the tiles keep them) and returns α (row r at lane r), Oᵀ's factor. Each row
-// gets the bits of the tiles' step (Task::UpdateSoftmax): the same reference m, shift
-// and α (NextReference), the same Exp2 of the same differences; the max (the same in any
-// order, but for NaN: a row with a NaN score is NaN in both, its m may differ); and the
-// same sums: column c in chain c mod 4, each chain in column order (read back from Pᵀ a
-// quad of columns, 4·G floats, at a time), the chains then added as (0 + 1) + (2 + 3).
-template <std::int64_t G>
-HWY_INLINE VF DenseSoftmaxStep(float* HWY_RESTRICT st, std::int64_t columns, float* HWY_RESTRICT m,
-                               float* HWY_RESTRICT l) {
-  const DF df;
-  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
-  const std::int64_t vectors = columns * G / N;
-  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
-  HWY_ALIGN float rows[HWY_MAX_BYTES / sizeof(float)];
-  // The tile's max, lane i for row i mod G (4 chains: the max's latency).
-  VF part[4];
-  for (VF& v : part) v = hn::Set(df, kMinusInf);
-  std::int64_t j = 0;
-  for (; j + 4 <= vectors; j += 4)
-    for (std::int64_t k = 0; k < 4; ++k) part[k] = hn::Max(part[k], hn::Load(df, st + (j + k) * N));
-  for (; j < vectors; ++j) part[0] = hn::Max(part[0], hn::Load(df, st + j * N));
-  hn::Store(hn::Max(hn::Max(part[0], part[1]), hn::Max(part[2], part[3])), df, lanes);
-  const VF m_old = hn::Load(df, m);
-  hn::Store(m_old, df, rows);
-  for (std::int64_t i = 0; i < N; ++i) rows[i % G] = lanes[i] > rows[i % G] ? lanes[i] : rows[i % G];
-  const auto [m_new, m_use, alpha] = NextReference(m_old, hn::Load(df, rows));
-  hn::Store(m_use, df, rows);
-  for (std::int64_t i = 0; i < N; ++i) lanes[i] = rows[i % G];
-  const VF m_spread = hn::Load(df, lanes);  // m_use, lane i for row i mod G
-  for (j = 0; j < vectors; ++j) hn::Store(Exp2(df, hn::Sub(hn::Load(df, st + j * N), m_spread)), df, st + j * N);
-  // The chains: H vectors of a quad's 4·G floats, chain k of row r at float k·G + r.
-  using DQuad = hn::CappedTag<float, 4 * G>;
-  const DQuad dq;
-  constexpr std::int64_t kQuadLanes = static_cast<std::int64_t>(hn::MaxLanes(DQuad()));
-  constexpr std::int64_t H = 4 * G / kQuadLanes;
-  hn::Vec<DQuad> sum[H];
-  for (auto& v : sum) v = hn::Zero(dq);
-  for (std::int64_t q = 0; q < columns / 4; ++q)
-    for (std::int64_t h = 0; h < H; ++h) sum[h] = hn::Add(sum[h], hn::Load(dq, st + q * 4 * G + h * kQuadLanes));
-  HWY_ALIGN float chains[4 * G];
-  for (std::int64_t h = 0; h < H; ++h) hn::Store(sum[h], dq, chains + h * kQuadLanes);
-  for (std::int64_t i = 0; i < N; ++i) lanes[i] = 0.0f;
-  for (std::int64_t r = 0; r < G; ++r) lanes[r] = (chains[r] + chains[G + r]) + (chains[2 * G + r] + chains[3 * G + r]);
-  hn::Store(hn::MulAdd(hn::Load(df, l), alpha, hn::Load(df, lanes)), df, l);
-  hn::Store(m_new, df, m);
-  return alpha;
-}
-
-// f(std::integral_constant<std::int64_t, G>()) for the run-time group G = group, a power
-// of two no greater than the lanes or kFewRows.
-template <std::int64_t G = 1, class F>
-HWY_INLINE auto WithGroup(std::int64_t group, F f) {
-  constexpr auto kLargest = std::min(static_cast<std::int64_t>(hn::MaxLanes(DF())), kFewRows);
-  if constexpr (G >= kLargest) {
-    return f(std::integral_constant<std::int64_t, G>());
-  } else {
-    if (group == G) return f(std::integral_constant<std::int64_t, G>());
-    return WithGroup<G * 2>(group, f);
-  }
-}
-
-inline VF DenseSoftmax(float* st, std::int64_t columns, std::int64_t group, float* m, float* l) {
-  return WithGroup(group, [&](auto g) { return DenseSoftmaxStep<decltype(g)::value>(st, columns, m, l); });
 }
 
 }  // namespace simd

@@ -60,6 +60,7 @@
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/decode_rows-inl.h"
+#include "cpu/simd/decode_softmax-inl.h"
 #include "cpu/simd/exp2-inl.h"
 #include "cpu/simd/lse_merge-inl.h"
 #include "cpu/simd/microkernels-inl.h"
@@ -637,7 +638,7 @@ class Task {
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
-  std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_rows-inl.h), else 0
+  std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
