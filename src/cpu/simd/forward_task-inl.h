@@ -44,6 +44,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -80,7 +81,7 @@ constexpr double kLn2 = 0.6931471805599453;
 // tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
-              "bf16::row_scores and int8::row_accumulate take every decode task's rows and tiles");
+              "bf16::row_scores, int8::row_scores and row_accumulate take every decode task's rows and tiles");
 
 // One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
 // AVX-512: see ForwardFloat32) and its running state. A task holds several, so that
@@ -92,8 +93,13 @@ struct Subtile : RowSet {
   // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
   // load of Oᵀ.
   bool ot_fresh = true;
-  hwy::AlignedFreeUniquePtr<float[]> q_rows;       // decode rows: Q (scaled) row-major, kFewRows × E
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;  // decode rows on vdpbf16ps: Q (bfloat16, unscaled) row-major
+  hwy::AlignedFreeUniquePtr<float[]> q_rows;  // decode rows: Q (scaled) row-major, kFewRows × E
+  // Decode rows on vdpbf16ps (bfloat16 K): Q's bfloat16 bits, unscaled, row-major,
+  // kFewRows × E; on vpdpwssd (int8 K): Q rounded to int16 (int8::pack_query), rows
+  // int8::QueryStride(E) apart, and their scales; q_int16 when that packing took.
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;
+  std::array<float, kFewRows> q_sigma{};
+  bool q_int16 = false;
   hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;   // bfloat16 path: query pairs
 };
 
@@ -121,7 +127,7 @@ struct Scratch {
       if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
       // Whatever this call's K: the scratch is kept for later calls with other dtypes.
       t.q_rows = allocate_aligned<float>(kFewRows * p.E);
-      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * p.E);
+      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * int8::QueryStride(p.E));
       t.rows.reserve(rows);
     }
     st = allocate_aligned<float>(kKeyTile * rows);
@@ -181,8 +187,10 @@ class Task {
         s_(s),
         n_(hn::Lanes(DF())),
         bf16_(bf16_path),
-        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 &&
-                         (p.key.dtype == DType::bfloat16 || p.key.dtype == DType::int8) && bf16::supported()),
+        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
+                         bf16::supported()),
+        int8_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::int8 &&
+                         int8::supported()),
         int8_row_values_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.value.dtype == DType::int8 &&
                          int8::supported()) {}
 
@@ -312,8 +320,12 @@ class Task {
       if (few_keys_ > 0) {
         // The decode kernels read Q row-major (decode_rows-inl.h), scaled alike, and
         // nothing reads Qᵀ: no transpose. bf16::row_scores reads the bfloat16 values
-        // (widened to float32 exactly by LoadRow: the top half of the bits) and scales
-        // the scores instead.
+        // (widened to float32 exactly by LoadRow: the top half of the bits), and
+        // int8::row_scores their int16 rounding (or, where that refuses the rows, the
+        // float32 kernels take them); both scale the scores instead.
+        t.q_int16 = int8_row_scores_ && int8::pack_query(q_rows, rows, p_.E, reinterpret_cast<std::int16_t*>(t.q16.get()),
+                                                         t.q_sigma.data());
+        if (t.q_int16) return;
         const std::size_t count = static_cast<std::size_t>(rows) * E;
         if (bf16_row_scores_)
           for (std::size_t x = 0; x < count; ++x) t.q16[x] = static_cast<std::uint16_t>(float_to_bits(q_rows[x]) >> 16);
@@ -368,9 +380,9 @@ class Task {
       // decode's kernel time).
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
       const auto st_stride = static_cast<std::int64_t>(stride);
-      if (bf16_row_scores_ && p_.key.dtype == DType::int8)
-        bf16::row_scores_int8(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), k_scale, cols, RowsAhead<std::int8_t>(),
-                              scale, st, st_stride);
+      if (t.q_int16)
+        int8::row_scores(reinterpret_cast<const std::int16_t*>(t.q16.get()), t.q_sigma.data(), few_keys_, p_.E,
+                         s_.k_rows.data(), k_scale, cols, RowsAhead<std::int8_t>(), scale, st, st_stride);
       else if (bf16_row_scores_)
         bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, RowsAhead<std::uint16_t>(), scale, st,
                          st_stride);
@@ -626,12 +638,15 @@ class Task {
   Scratch<kVectors>& s_;
   const std::size_t n_;
   const bool bf16_;
-  // Decoding bfloat16 Q against bfloat16 or int8 K: the scores on vdpbf16ps
-  // (bf16::row_scores, row_scores_int8), K not widened to float32. On the AVX-512 target
-  // only (kBf16KernelsFit): so that the other targets' tests still run their own kernels,
-  // and because row_scores_int8 reads 16 scales from a tile's key on (k_scale holds N
-  // more than a tile, N = 16 there).
+  // Decoding bfloat16 Q against bfloat16 K: the scores on vdpbf16ps (bf16::row_scores),
+  // K not widened to float32. On the AVX-512 target only (kBf16KernelsFit): so that the
+  // other targets' tests still run their own kernels.
   const bool bf16_row_scores_;
+  // … against int8 K: on vpdpwssd, Q rounded to int16 per row (int8::row_scores; float32
+  // for a task whose query has an element that is not finite, or a row's largest below
+  // 2^-96). The AVX-512 target only, also because int8::row_scores reads 16 scales from a
+  // tile's key on (k_scale holds N more than a tile, N = 16 there).
+  const bool int8_row_scores_;
   // … and int8 V: P·V on vpdpwssd, the weights rounded to int16 per row and tile
   // (int8::row_accumulate; float32 for a tile with a weight that is not finite, or a row's
   // largest below 2^-96).

@@ -3,7 +3,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
+#include <cmath>
 
 #define SDPA_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -11,8 +13,9 @@ namespace sdpa::detail::int8 {
 
 namespace {
 
-// (GCC 12 flags the self-initialised `_mm512_undefined_*` inside the widening intrinsics
-// below as maybe uninitialised once they are inlined: its bug 105593.)
+// (GCC 12 flags the self-initialised `_mm512_undefined_*` inside the widening, narrowing
+// and reducing intrinsics in this file as maybe uninitialised once they are inlined: its
+// bug 105593.)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -160,9 +163,159 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
   return true;
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+// acc + vpdpwssd(a, the 32 int16 at b), b read by the instruction itself (as dpwssd: the
+// scores' q̂ vectors, R · E / 32 of them, would not fit the registers beside 16
+// accumulators).
+SDPA_INT8_TARGET inline __m512i dpwssd_from(__m512i acc, __m512i a, const std::int16_t* b) {
+  asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const __m512i*>(b)));
+  return acc;
+}
+
+// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
+// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
+// dependent chain (bf16::lane_sums' steps, in integers: exact in any order). Always
+// inlined, so that the accumulators stay in registers.
+template <int M>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) __m512i lane_sums(const __m512i* acc) {
+  static_assert(M >= 1 && M <= 16, "one vector of sums");
+  __m512i at[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) at[i] = i < M ? acc[i] : _mm512_setzero_si512();
+  // In each 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of the vectors 2i (a), 2i+1 (b).
+  __m512i pairs[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(at[2 * i], at[2 * i + 1]),
+                                _mm512_unpackhi_epi32(at[2 * i], at[2 * i + 1]));
+  // Block k of quads[j]: the sums over block k of acc[4j] .. acc[4j+3].
+  __m512i quads[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    quads[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(pairs[2 * j], pairs[2 * j + 1]),
+                                _mm512_unpackhi_epi64(pairs[2 * j], pairs[2 * j + 1]));
+  // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
+  const __m512i q01 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], 0x44),
+                                       _mm512_shuffle_i32x4(quads[0], quads[1], 0xEE));
+  const __m512i q23 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], 0x44),
+                                       _mm512_shuffle_i32x4(quads[2], quads[3], 0xEE));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(q01, q23, 0x88), _mm512_shuffle_i32x4(q01, q23, 0xDD));
+}
+
+// Lane i of a dense Sᵀ's 16 scores of R rows: key i / R's, row i % R's.
+template <int R>
+constexpr std::array<std::int32_t, 16> KeyOfLane() {
+  std::array<std::int32_t, 16> key{};
+  for (int i = 0; i < 16; ++i) key[i] = i / R;
+  return key;
+}
+template <int R>
+constexpr std::array<std::int32_t, 16> RowOfLane() {
+  std::array<std::int32_t, 16> row{};
+  for (int i = 0; i < 16; ++i) row[i] = i % R;
+  return row;
+}
+
+// st[(first + k)·st_stride + r] = sums[k·R + r] · row_factor[k·R + r] · k_scale[first + k]
+// for k < Keys (row_factor: scale · σ_r in a dense Sᵀ's order). k_scale: 16 floats from
+// first on.
+template <int R, int Keys>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void store_scores(__m512i sums, __m512 row_factor,
+                                                                         const float* k_scale, std::int64_t first,
+                                                                         float* st, std::int64_t st_stride) {
+  static_assert(Keys * R <= 16, "one vector of scores");
+  alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
+  const __m512 key_scale = _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first));
+  const __m512 scores = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(row_factor, key_scale));
+  if (st_stride == R) {  // a dense Sᵀ
+    _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), scores);
+    return;
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, scores);
+  for (int k = 0; k < Keys; ++k)
+    for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
+}
+
+// One step of row_score_keys: K dims [e, e + 32), those past the mask read as 0 (q̂ is 0
+// there too: pack_query pads its rows).
+template <int R, int Keys, bool Full>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std::int16_t* q_hat,
+                                                                       std::int64_t q_stride, std::int64_t e,
+                                                                       __mmask32 mask, const std::byte* const* k_rows,
+                                                                       std::int64_t c, std::int64_t ahead,
+                                                                       __m512i (&acc)[Keys * R]) {
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]) + e; };
+#pragma GCC unroll 16
+  for (int k = 0; k < Keys; ++k) {
+    const __m256i bytes = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key(k)))
+                               : _mm256_maskz_loadu_epi8(mask, key(k));
+    const __m512i kv = _mm512_cvtepi8_epi16(bytes);  // exact
+    if (e % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead)), _MM_HINT_T1);  // a line's first
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[k * R + r] = dpwssd_from(acc[k * R + r], kv, q_hat + r * q_stride + e);
+  }
+}
+
+// Keys [c, c + Keys) against R query rows: Keys · R <= 16 accumulators of int32 (a key's
+// vector read once per step, the q̂ vectors from memory), summed exactly across lanes.
+// Steps: E / 32 when the caller knows it (unrolled, unmasked), else 0 (E from the
+// argument, the last step masked).
+template <int R, int Keys, int Steps>
+SDPA_INT8_TARGET inline void row_score_keys(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
+                                            std::int64_t c, std::int64_t ahead, __m512 row_factor,
+                                            const float* k_scale, float* st, std::int64_t st_stride) {
+  __m512i acc[Keys * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < Keys * R; ++i) acc[i] = _mm512_setzero_si512();
+  if constexpr (Steps > 0) {
+#pragma GCC unroll 8
+    for (int step = 0; step < Steps; ++step)
+      score_step<R, Keys, true>(q_hat, 32 * Steps, 32 * step, ~__mmask32{0}, k_rows, c, ahead, acc);
+  } else {
+    const std::int64_t q_stride = QueryStride(E);
+    for (std::int64_t e = 0; e < E; e += 32)
+      score_step<R, Keys, false>(q_hat, q_stride, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1,
+                                 k_rows, c, ahead, acc);
+  }
+  store_scores<R, Keys>(lane_sums<Keys * R>(acc), row_factor, k_scale, c, st, st_stride);
+}
+
+// row_scores for R rows: blocks of 16 / R keys, then the last keys one at a time. The
+// common head sizes (64, 128) with their steps known: unrolled and unmasked.
+template <int R, int Steps>
+SDPA_INT8_TARGET void row_scores_steps(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
+                                       std::int64_t cols, std::int64_t ahead, __m512 row_factor,
+                                       const float* k_scale, float* st, std::int64_t st_stride) {
+  constexpr int kKeys = 16 / R;
+  std::int64_t c = 0;
+  for (; c + kKeys <= cols; c += kKeys)
+    row_score_keys<R, kKeys, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
+  for (; c < cols; ++c) row_score_keys<R, 1, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
+}
+
+template <int R>
+SDPA_INT8_TARGET void row_scores_for(const std::int16_t* q_hat, const float* sigma, std::int64_t E,
+                                     const std::byte* const* k_rows, const float* k_scale, std::int64_t cols,
+                                     std::int64_t ahead, float scale, float* st, std::int64_t st_stride) {
+  alignas(64) static constexpr std::array<std::int32_t, 16> kRowOfLane = RowOfLane<R>();
+  const __m512 row_factor =
+      _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_permutexvar_ps(_mm512_load_si512(kRowOfLane.data()),
+                                                                  _mm512_maskz_loadu_ps((1u << R) - 1, sigma)));
+  if (E == 128)
+    row_scores_steps<R, 4>(q_hat, E, k_rows, cols, ahead, row_factor, k_scale, st, st_stride);
+  else if (E == 64)
+    row_scores_steps<R, 2>(q_hat, E, k_rows, cols, ahead, row_factor, k_scale, st, st_stride);
+  else
+    row_scores_steps<R, 0>(q_hat, E, k_rows, cols, ahead, row_factor, k_scale, st, st_stride);
+}
+
+// The least power of two >= x > 0 (x normal), or 0 for x = 0.
+float PowerOfTwoAbove(float x) {
+  if (x == 0.0f) return 0.0f;
+  int exponent = 0;
+  const float fraction = std::frexp(x, &exponent);  // x = fraction · 2^exponent, fraction in [0.5, 1)
+  return std::ldexp(1.0f, fraction == 0.5f ? exponent - 1 : exponent);
+}
 
 }  // namespace
 
@@ -175,6 +328,54 @@ bool supported() {
   return has;
 }
 
+SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat,
+                                 float* sigma) {
+  assert(rows >= 1 && rows <= kMaxRows);
+  const auto lanes = [E](std::int64_t e) {  // the dims [e, e + 16) below E
+    return E - e >= 16 ? __mmask16{0xffff} : E > e ? static_cast<__mmask16>((1u << (E - e)) - 1) : __mmask16{0};
+  };
+  const auto largest = static_cast<float>(QueryLargest(E));
+  float inverse[kMaxRows], scale[kMaxRows];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    __m512 most = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (std::int64_t e = 0; e < E; e += 16) {
+      const __m512 x = _mm512_abs_ps(_mm512_maskz_loadu_ps(lanes(e), q + r * E + e));
+      bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ);  // inf or NaN
+      most = _mm512_max_ps(most, x);
+    }
+    const float row_most = _mm512_reduce_max_ps(most);
+    if (bad || (row_most > 0.0f && row_most < kSmallestLargest)) return false;
+    scale[r] = PowerOfTwoAbove(row_most / largest);
+    if (row_most / scale[r] > largest) scale[r] *= 2.0f;  // (the quotient's rounding; exact here)
+    inverse[r] = row_most > 0.0f ? 1.0f / scale[r] : 0.0f;
+  }
+  const std::int64_t stride = QueryStride(E);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    sigma[r] = scale[r];
+    // (cvtps_epi32 rounds to nearest, even, under the default MXCSR; |q̂| <= 32767 fits
+    // int16.) Lanes past E load as 0: the row's padding.
+    for (std::int64_t e = 0; e < stride; e += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(e), q + r * E + e), _mm512_set1_ps(inverse[r]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_hat + r * stride + e),
+                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(x)));
+    }
+  }
+  return true;
+}
+
+void row_scores(const std::int16_t* q_hat, const float* sigma, std::int64_t rows, std::int64_t E,
+                const std::byte* const* k_rows, const float* k_scale, std::int64_t cols, std::int64_t ahead,
+                float scale, float* st, std::int64_t st_stride) {
+  using Kernel = void (*)(const std::int16_t*, const float*, std::int64_t, const std::byte* const*, const float*,
+                          std::int64_t, std::int64_t, float, float*, std::int64_t);
+  static constexpr Kernel kernels[kMaxRows] = {row_scores_for<1>, row_scores_for<2>, row_scores_for<3>,
+                                               row_scores_for<4>, row_scores_for<5>, row_scores_for<6>,
+                                               row_scores_for<7>, row_scores_for<8>};
+  assert(rows >= 1 && rows <= kMaxRows);
+  kernels[rows - 1](q_hat, sigma, E, k_rows, k_scale, cols, ahead, scale, st, st_stride);
+}
+
 bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, const std::byte* const* v_rows,
                     std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
   using Kernel =
@@ -185,5 +386,9 @@ bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, 
   assert(rows >= 1 && rows <= kMaxRows && cols <= kMaxKeys);  // (the stack buffers' sizes)
   return kernels[rows - 1](wt, wt_stride, v_rows, cols, Ev, ahead, out);
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace sdpa::detail::int8
