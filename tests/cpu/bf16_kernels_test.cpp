@@ -206,42 +206,5 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
       }
 }
 
-// The same for int8 K rows, widened to bfloat16 in registers (exact: |k| <= 128), each
-// score times its key's scale: every row count, E on and off the step, both strides,
-// -128 and 127 among the keys, and 127s past E that the masked loads must leave. Rows 2,
-// 4 and 8 at E = 64 and 128 take two keys a vector in whole blocks of 32 / rows keys
-// (row_score_key_pairs; cols = 37: keys 0-31 for rows 2 and 4, 0-35 for rows 8), the
-// rest one key a vector.
-TEST(Bf16Kernels, RowScoresOfInt8KeysTimesTheirScales) {
-  SKIP_WITHOUT_BF16();
-  std::mt19937_64 rng(6);
-  std::uniform_int_distribution<int> byte(-128, 127);
-  std::uniform_real_distribution<float> positive(0.001f, 0.1f);
-  const std::int64_t cols = 37, ahead = 4;
-  for (std::int64_t E : {1, 31, 33, 64, 128})
-    for (std::int64_t rows = 1; rows <= kMaxDecodeRows; ++rows)
-      for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
-        SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
-        const auto q = random_bf16(rows * E, rng);
-        std::vector<std::vector<std::int8_t>> keys;
-        std::vector<const std::byte*> k_rows;
-        for (std::int64_t c = 0; c < cols + ahead; ++c) {
-          keys.emplace_back(E + 32, std::int8_t{127});
-          for (std::int64_t e = 0; e < E; ++e) keys.back()[e] = static_cast<std::int8_t>(byte(rng));
-        }
-        keys[0][0] = -128, keys[1][E - 1] = 127;
-        for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
-        std::vector<float> k_scale(cols + 16);  // (read up to 15 past cols)
-        for (auto& x : k_scale) x = positive(rng);
-        std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
-        row_scores_int8(q.data(), rows, E, k_rows.data(), k_scale.data(), cols, ahead, 0.25f, st.data(), st_stride);
-        std::vector<double> factor(cols);
-        for (std::int64_t c = 0; c < cols; ++c) factor[c] = 0.25 * k_scale[c];
-        ExpectRowScores(
-            st, cols, rows, st_stride, q, E,
-            [&](std::int64_t c, std::int64_t e) { return static_cast<double>(keys[c][e]); }, factor);
-      }
-}
-
 }  // namespace
 }  // namespace sdpa::detail::bf16

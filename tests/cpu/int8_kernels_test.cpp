@@ -1,11 +1,12 @@
-// The int8 V decode microkernel (src/cpu/simd/int8_kernels.h) against float64 sums of the
-// unrounded weights, within the bound its int16 rounding allows (σ_r / 2 per weight,
-// docs/numerics.md) and float32's rounding of the scaling: every row count, each row's
-// weights at its own scale (so one σ for all rows fails), head dims on and off its 32-dim
-// step, 1 to 96 keys, both weight layouts, -128 and 127 among the values, a row of zero
-// weights and negative ones, a sentinel past the output; and weights it must refuse,
-// writing nothing: not finite, or a row's largest below 2^-96.
-// Skipped on a CPU without AVX-512 VNNI, where nothing calls it.
+// The int8 K/V decode microkernels (src/cpu/simd/int8_kernels.h). P·V against float64
+// sums of the unrounded weights, within the bound its int16 rounding allows (σ_r / 2 per
+// weight, docs/numerics.md) and float32's rounding of the scaling: every row count, each
+// row's weights at its own scale (so one σ for all rows fails), head dims on and off its
+// 32-dim step, 1 to 96 keys, both weight layouts, -128 and 127 among the values, a row of
+// zero weights and negative ones, a sentinel past the output; and weights it must refuse,
+// writing nothing: not finite, or a row's largest below 2^-96. The scores: the query's
+// rounding (pack_query) and the exact integer sums (row_scores), below.
+// Skipped on a CPU without AVX-512 VNNI, where nothing calls them.
 #include "cpu/simd/int8_kernels.h"
 
 #include <gtest/gtest.h>
@@ -107,6 +108,120 @@ TEST(Int8Kernels, RowAccumulateRefusesWeightsItCannotRound) {
     for (std::int64_t c = 0; c < cols; ++c) want += 0x1p-96 * v.rows[c][d];
     ASSERT_NEAR(out[d], want, 1e-6 * 0x1p-96 * 128 * cols) << d;
   }
+}
+
+// The query's int16 rounding for the scores: σ the least power of two with max|q| / σ <=
+// QueryLargest(E) (so > half of it), q̂ = round(q / σ) exactly (the division by a power
+// of two is exact), zeros up to QueryStride(E); every row count, E on and off the 32-dim
+// step and past 512 (a smaller largest: the int32 headroom), rows at their own scales, a
+// row of zeros, a sentinel past the rows.
+TEST(Int8Kernels, PackQueryRoundsAgainstAPowerOfTwoPerRow) {
+  SKIP_WITHOUT_VNNI();
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal;
+  for (std::int64_t E : {1, 17, 32, 40, 64, 100, 128, 600})
+    for (std::int64_t rows = 1; rows <= kMaxRows; ++rows) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows);
+      std::vector<float> q(rows * E);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t e = 0; e < E; ++e) q[r * E + e] = r == 1 ? 0.0f : normal(rng) * std::pow(7.0f, 2.0f - r);
+      const std::int64_t stride = QueryStride(E);
+      std::vector<std::int16_t> q_hat(rows * stride + 16, std::int16_t{-7});
+      std::vector<float> sigma(kMaxRows, -1.0f);
+      ASSERT_TRUE(pack_query(q.data(), rows, E, q_hat.data(), sigma.data()));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double largest = 0;
+        for (std::int64_t e = 0; e < E; ++e) largest = std::max(largest, std::abs(double{q[r * E + e]}));
+        if (largest == 0) {
+          ASSERT_EQ(sigma[r], 0.0f);
+        } else {
+          int exponent = 0;
+          ASSERT_EQ(std::frexp(sigma[r], &exponent), 0.5f) << r;  // a power of two
+          ASSERT_LE(largest / sigma[r], static_cast<double>(QueryLargest(E))) << r;
+          ASSERT_GT(largest / sigma[r], QueryLargest(E) / 2.0) << r;
+        }
+        for (std::int64_t e = 0; e < stride; ++e) {
+          const double want = e < E && sigma[r] > 0 ? std::nearbyint(q[r * E + e] / double{sigma[r]}) : 0.0;
+          ASSERT_EQ(q_hat[r * stride + e], want) << r << " " << e;
+        }
+      }
+      for (std::int64_t r = rows; r < kMaxRows; ++r) ASSERT_EQ(sigma[r], -1.0f);
+      for (std::int64_t i = rows * stride; i < rows * stride + 16; ++i) ASSERT_EQ(q_hat[i], -7) << i;
+    }
+}
+
+// As row_accumulate's weights: a query element that is not finite, or a row's largest
+// below 2^-96 but not 0, is refused with nothing written; 2^-96 itself is taken.
+TEST(Int8Kernels, PackQueryRefusesRowsItCannotRound) {
+  SKIP_WITHOUT_VNNI();
+  const std::int64_t rows = 3, E = 40;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(), 1e-35f, 0x1p-97f}) {
+    std::vector<float> q(rows * E, 0.5f);
+    for (std::int64_t e = 0; e < E; ++e) q[2 * E + e] = std::isfinite(bad) ? bad : 0.0f;
+    q[2 * E + 7] = bad;
+    std::vector<std::int16_t> q_hat(rows * QueryStride(E), std::int16_t{-7});
+    std::vector<float> sigma(kMaxRows, -1.0f);
+    EXPECT_FALSE(pack_query(q.data(), rows, E, q_hat.data(), sigma.data())) << bad;
+    for (std::int16_t x : q_hat) ASSERT_EQ(x, -7);
+    for (float x : sigma) ASSERT_EQ(x, -1.0f);
+  }
+  std::vector<float> q(rows * E, 0x1p-96f);
+  std::vector<std::int16_t> q_hat(rows * QueryStride(E));
+  std::vector<float> sigma(kMaxRows);
+  ASSERT_TRUE(pack_query(q.data(), rows, E, q_hat.data(), sigma.data()));
+  for (std::int64_t e = 0; e < E; ++e) ASSERT_EQ(double{sigma[0]} * q_hat[e], 0x1p-96) << e;
+}
+
+// The decode scores of int8 K rows: scale · σ_r · s^K_c · Σ_e q̂ · k, the sum exact in
+// int32, so within float32's rounding of the scaling (4 roundings: σ·scale, times s^K,
+// the sum to float, the product) of the exact value — not of the products' size. Every
+// row count (16/R keys a block, then single keys for the rest of cols = 37), E on and off
+// the 32-dim step (its masked last loads; 127s past E that they must leave), the
+// unrolled E = 64 and 128, both Sᵀ strides, each row at its own scale, -128 and 127
+// among the keys, and E = 600 with
+// every q̂ at the largest and every key -128: the int32 sum at its headroom's edge.
+TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
+  SKIP_WITHOUT_VNNI();
+  std::mt19937_64 rng(10);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> positive(0.001f, 0.1f);
+  const std::int64_t cols = 37, ahead = 4;
+  const float scale = 0.3f;
+  for (std::int64_t E : {1, 31, 33, 64, 100, 128, 600})
+    for (std::int64_t rows = 1; rows <= kMaxRows; ++rows)
+      for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
+        SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
+        const bool edge = E == 600;
+        std::vector<float> q(rows * E);  // (each row at its own scale: so its own σ)
+        for (std::int64_t i = 0; i < rows * E; ++i)
+          q[i] = edge ? std::ldexp(static_cast<float>(QueryLargest(E)), -15) : normal(rng) * std::pow(3.0f, i / E);
+        std::vector<std::int16_t> q_hat(rows * QueryStride(E));
+        std::vector<float> sigma(kMaxRows);
+        ASSERT_TRUE(pack_query(q.data(), rows, E, q_hat.data(), sigma.data()));
+        Values k = random_values(cols + ahead, E, rng);
+        if (edge)
+          for (auto& row : k.rows) std::fill(row.begin(), row.begin() + E, std::int8_t{-128});
+        if (!edge) k.rows[1][E - 1] = 127;
+        std::vector<float> k_scale(cols + 16);  // (read up to 15 past cols)
+        for (auto& x : k_scale) x = positive(rng);
+        std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
+        row_scores(q_hat.data(), sigma.data(), rows, E, k.pointers.data(), k_scale.data(), cols, ahead, scale,
+                   st.data(), st_stride);
+        for (std::int64_t c = 0; c < cols; ++c)
+          for (std::int64_t r = 0; r < st_stride; ++r) {
+            if (r >= rows) {
+              ASSERT_EQ(st[c * st_stride + r], -1.0f) << c << " " << r;
+              continue;
+            }
+            std::int64_t sum = 0;
+            for (std::int64_t e = 0; e < E; ++e) sum += std::int64_t{q_hat[r * QueryStride(E) + e]} * k.rows[c][e];
+            if (edge) ASSERT_EQ(sum, -128 * E * QueryLargest(E));
+            const double want = double{scale} * sigma[r] * k_scale[c] * static_cast<double>(sum);
+            ASSERT_NEAR(st[c * st_stride + r], want, 3e-7 * std::abs(want)) << c << " " << r;
+          }
+        for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
+      }
 }
 
 }  // namespace

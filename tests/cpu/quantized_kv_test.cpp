@@ -190,7 +190,7 @@ TEST(QuantizedKV, EveryQueryDtypeMatchesOracle) {
       expect_agrees(c, dtype_name(dtype));
     }
   // A bfloat16 query's decode at the row counts the tests above leave out (its scores on
-  // vdpbf16ps where the CPU has it: 16/R keys a block).
+  // vpdpwssd where the CPU has it: int8::row_scores, 16/R keys a block).
   for (std::int64_t rows : {1, 5, 7}) {
     Shape4 s;
     s.L = 1, s.S = 150, s.Hq = rows, s.Hkv = 1, s.E = 40, s.Ev = 24;

@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 
-#include <array>
 #include <cstring>
 
 #define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -68,12 +67,13 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// Block k of quads[j] = the sums over block k (4 lanes) of acc[4j] .. acc[4j+3], for
-// M <= 16 accumulators (0 past M): the first two levels of lane_sums. (These helpers
-// are always inlined: once GCC called lane_sums out of line, the 16 accumulators went
-// through the stack, 11 % slower a bfloat16 decode call.)
+// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
+// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
+// dependent chain. The order of the adds is fixed, so a score's bits are. (Always
+// inlined: once GCC called it out of line, the 16 accumulators went through the stack,
+// 11 % slower a bfloat16 decode call.)
 template <int M>
-SDPA_BF16_TARGET inline __attribute__((always_inline)) void block_sums(const __m512* acc, __m512* quads) {
+SDPA_BF16_TARGET inline __attribute__((always_inline)) __m512 lane_sums(const __m512* acc) {
   static_assert(M >= 1 && M <= 16, "one vector of sums");
   __m512 at[16];  // (a lambda would not take the function's target)
 #pragma GCC unroll 16
@@ -84,20 +84,13 @@ SDPA_BF16_TARGET inline __attribute__((always_inline)) void block_sums(const __m
   for (int i = 0; i < 8; ++i)
     pairs[i] =
         _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
+  // Block k of quads[j]: the sums over block k of acc[4j] .. acc[4j+3].
+  __m512 quads[4];
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
     const __m512d x = _mm512_castps_pd(pairs[2 * j]), y = _mm512_castps_pd(pairs[2 * j + 1]);
     quads[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-}
-
-// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
-// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
-// dependent chain. The order of the adds is fixed, so a score's bits are.
-template <int M>
-SDPA_BF16_TARGET inline __attribute__((always_inline)) __m512 lane_sums(const __m512* acc) {
-  __m512 quads[4];
-  block_sums<M>(acc, quads);
   // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
   const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
                                    _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
@@ -106,49 +99,13 @@ SDPA_BF16_TARGET inline __attribute__((always_inline)) __m512 lane_sums(const __
   return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
 }
 
-// K's 32 dims [e, e + 32) (masked: 0 past the mask) as bfloat16 for vdpbf16ps: a
-// bfloat16 row as it is; an int8 row widened to float32, exactly, whose high halves are
-// then its bfloat16 bits (|k| <= 128 needs 8 significant bits, bfloat16's count, so the
-// low halves are 0). Picking the halves with one permutation, not rounding with
-// cvtne2ps2bf16: 3 % faster a decode call in cache on Zen 4.
-SDPA_BF16_TARGET inline __m512bh key_dims(const std::uint16_t* row, __mmask32 mask) {
-  return as_bh(_mm512_maskz_loadu_epi16(mask, row));
-}
-SDPA_BF16_TARGET inline __m512i widen_int8(const std::int8_t* x, __mmask16 mask) {
-  return _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, x))));
-}
-SDPA_BF16_TARGET inline __m512bh key_halves(const std::int8_t* a, const std::int8_t* b, __mmask16 mask_a,
-                                            __mmask16 mask_b) {
-  const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return as_bh(_mm512_permutex2var_epi16(widen_int8(a, mask_a), high_halves, widen_int8(b, mask_b)));
-}
-SDPA_BF16_TARGET inline __m512bh key_dims(const std::int8_t* row, __mmask32 mask) {
-  return key_halves(row, row + 16, static_cast<__mmask16>(mask), static_cast<__mmask16>(mask >> 16));
-}
-
-// Lane i of a dense Sᵀ's 16 scores of R rows: key i / R's.
-template <int R>
-constexpr std::array<std::int32_t, 16> KeyOfLane() {
-  std::array<std::int32_t, 16> key{};
-  for (int i = 0; i < 16; ++i) key[i] = i / R;
-  return key;
-}
-
-// st[(first + k)·st_stride + r] = sums[k·R + r] for k < Keys, times scale and, for int8,
-// key first + k's scale (k_scale has 16 floats from first on). sums: a dense Sᵀ's order.
+// st[(first + k)·st_stride + r] = sums[k·R + r] · scale for k < Keys. sums: a dense Sᵀ's
+// order.
 template <int R, int Keys>
-SDPA_BF16_TARGET inline __attribute__((always_inline)) void store_scores(__m512 sums, float scale, const float* k_scale,
-                                                                         std::int64_t first, float* st,
-                                                                         std::int64_t st_stride) {
+SDPA_BF16_TARGET inline __attribute__((always_inline)) void store_scores(__m512 sums, float scale, std::int64_t first,
+                                                                         float* st, std::int64_t st_stride) {
   static_assert(Keys * R <= 16, "one vector of scores");
-  __m512 factor = _mm512_set1_ps(scale);
-  if (k_scale != nullptr) {
-    alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
-    factor = _mm512_mul_ps(
-        factor, _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first)));
-  }
-  sums = _mm512_mul_ps(sums, factor);
+  sums = _mm512_mul_ps(sums, _mm512_set1_ps(scale));
   if (st_stride == R) {  // a dense Sᵀ
     _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), sums);
     return;
@@ -160,20 +117,19 @@ SDPA_BF16_TARGET inline __attribute__((always_inline)) void store_scores(__m512 
 }
 
 // One step of row_score_keys: dims [e, e + 32), masked.
-template <int R, int Keys, class Key>
+template <int R, int Keys>
 SDPA_BF16_TARGET inline __attribute__((always_inline)) void score_step(const std::uint16_t* q, std::int64_t E,
                                                                        std::int64_t e, __mmask32 mask,
                                                                        const std::byte* const* k_rows, std::int64_t c,
                                                                        std::int64_t ahead, __m512 (&acc)[Keys * R]) {
-  const auto key = [&](std::int64_t i) { return reinterpret_cast<const Key*>(k_rows[c + i]); };  // (no intrinsics)
+  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::uint16_t*>(k_rows[c + i]); };
   __m512bh qv[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) qv[r] = as_bh(_mm512_maskz_loadu_epi16(mask, q + r * E + e));
 #pragma GCC unroll 16
   for (int k = 0; k < Keys; ++k) {
-    const __m512bh kv = key_dims(key(k) + e, mask);
-    if (sizeof(Key) == 2 || e % 64 == 0)  // a request per 64-byte line
-      _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);
+    const __m512bh kv = as_bh(_mm512_maskz_loadu_epi16(mask, key(k) + e));
+    _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead) + e), _MM_HINT_T1);  // a 64-byte line a step
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[k * R + r] = _mm512_dpbf16_ps(acc[k * R + r], qv[r], kv);
   }
@@ -181,143 +137,56 @@ SDPA_BF16_TARGET inline __attribute__((always_inline)) void score_step(const std
 
 // Keys [c, c + Keys) against R query rows: see row_scores. The R rows' q vectors stay in
 // registers and each key's vector is read once per step, so that Keys · R = 16
-// accumulators, R q vectors and a key vector fit the 32 registers. Key: the K rows'
-// element type; k_scale, int8's scales (or null); Steps: E / 32 when the caller knows it
-// (unrolled, unmasked), else 0 (E from the argument, the last step masked: its lanes past
-// E read as 0 in both operands, so a key's NaN past E never meets them).
-template <int R, int Keys, class Key, int Steps>
+// accumulators, R q vectors and a key vector fit the 32 registers. Steps: E / 32 when
+// the caller knows it (unrolled, unmasked), else 0 (E from the argument, the last step
+// masked: its lanes past E read as 0 in both operands, so a key's NaN past E never
+// meets them).
+template <int R, int Keys, int Steps>
 SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                            std::int64_t c, std::int64_t ahead, float scale, const float* k_scale,
-                                            float* st, std::int64_t st_stride) {
+                                            std::int64_t c, std::int64_t ahead, float scale, float* st,
+                                            std::int64_t st_stride) {
   __m512 acc[Keys * R];
 #pragma GCC unroll 16
   for (int i = 0; i < Keys * R; ++i) acc[i] = _mm512_setzero_ps();
   if constexpr (Steps > 0) {
 #pragma GCC unroll 8
     for (int step = 0; step < Steps; ++step)
-      score_step<R, Keys, Key>(q, 32 * Steps, 32 * step, ~__mmask32{0}, k_rows, c, ahead, acc);
+      score_step<R, Keys>(q, 32 * Steps, 32 * step, ~__mmask32{0}, k_rows, c, ahead, acc);
   } else {
     for (std::int64_t e = 0; e < E; e += 32)
-      score_step<R, Keys, Key>(q, E, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1, k_rows, c, ahead,
-                               acc);
+      score_step<R, Keys>(q, E, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1, k_rows, c, ahead, acc);
   }
-  store_scores<R, Keys>(lane_sums<Keys * R>(acc), scale, k_scale, c, st, st_stride);
+  store_scores<R, Keys>(lane_sums<Keys * R>(acc), scale, c, st, st_stride);
 }
 
-// Lanes of the two vectors of sums for 16 accumulators whose halves (lanes 0-7, 8-15)
-// are two keys' partial sums: vector m, lane l holds accumulator v = 8m + 4(l/8) + l%4's
-// half (l/4)%2 (the transpose of lane_sums, one level short). The keys of a pair p are
-// 2p and 2p + 1, accumulator v = p·R + r; in a dense Sᵀ the score of key k, row r lies at
-// k·R + r. LaneOfDense<R>()[i] is the lane of vector m that holds the dense score 16m + i.
-template <int R>
-constexpr std::array<std::int32_t, 16> LaneOfDense() {
-  std::array<std::int32_t, 16> lane_of{};
-  for (int l = 0; l < 16; ++l) {
-    const int v = 4 * (l / 8) + l % 4, half = (l / 4) % 2;  // (vector 0; vector 1 alike)
-    lane_of[(2 * (v / R) + half) * R + v % R] = l;
-  }
-  return lane_of;
-}
-
-// Keys [c, c + 32 / R) of int8 K against R query rows, R a divisor of 8, E = 32 · Steps:
-// as row_score_keys, but two keys share each accumulator (16 dims a step), so that the sums
-// of 16 accumulators are 32 scores in 44 instructions, not 16 in 45 — the lane sums were
-// a quarter of an int8 key's instructions (docs/performance.md, "Decoding"). Taken for
-// R = 2, 4, 8 (row_scores_steps): R = 1's 16 pairs unrolled over 8 steps ran 3 % slower,
-// and bfloat16 keys stay one a vector (a pair of them costs an insert more per 32 dims:
-// 1 % slower). A key's score bits differ between the two ways (16 dims a lane step, not
-// 32); which way a key takes is fixed by R, E and its place in the tile, never by the
-// threads or Sᵀ's stride, so results stay bitwise the same for any thread count and
-// with or without the weights output.
+// row_scores for R rows: blocks of 16 / R keys, then the last keys one at a time.
 template <int R, int Steps>
-SDPA_BF16_TARGET inline void row_score_key_pairs(const std::uint16_t* q, const std::byte* const* k_rows, std::int64_t c,
-                                                 std::int64_t ahead, float scale, const float* k_scale, float* st,
-                                                 std::int64_t st_stride) {
-  static_assert(8 % R == 0 && Steps > 0, "whole keys in each vector of sums");
-  constexpr int kPairs = 16 / R;       // pairs of keys, R accumulators each
-  constexpr int kVectorKeys = 16 / R;  // keys a vector of sums holds
-  constexpr std::int64_t E = 32 * Steps;
-  const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]); };
-  __m512 acc[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (std::int64_t e = 0; e < E; e += 16) {
-    __m512bh qv[R];  // the rows' dims [e, e + 16) in both halves
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-      qv[r] = as_bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * E + e))));
-#pragma GCC unroll 16
-    for (int p = 0; p < kPairs; ++p) {
-      // Key 2p's 16 dims in lanes 0-7, key 2p + 1's in lanes 8-15.
-      const __m512bh kv = key_halves(key(2 * p) + e, key(2 * p + 1) + e, 0xffff, 0xffff);
-      if (e % 64 == 0) {  // a request per 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + ahead) + e), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(key(2 * p + 1 + ahead) + e), _MM_HINT_T1);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[p * R + r] = _mm512_dpbf16_ps(acc[p * R + r], qv[r], kv);
-    }
-  }
-  __m512 quads[4];
-  block_sums<16>(acc, quads);
-  alignas(64) static constexpr std::array<std::int32_t, 16> kLaneOfDense = LaneOfDense<R>();
-#pragma GCC unroll 2
-  for (int m = 0; m < 2; ++m) {
-    // Blocks (0 + 1) and (2 + 3): the halves of accumulators 8m .. 8m+3, then 8m+4 .. 8m+7.
-    const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0x88),
-                                        _mm512_shuffle_f32x4(quads[2 * m], quads[2 * m + 1], 0xDD));
-    const __m512 sums = _mm512_permutexvar_ps(_mm512_load_si512(kLaneOfDense.data()), halves);
-    store_scores<R, kVectorKeys>(sums, scale, k_scale, c + m * kVectorKeys, st, st_stride);
-  }
-}
-
-// row_scores for R rows: blocks of 32 / R keys two a vector where row_score_key_pairs
-// applies, then blocks of 16 / R keys, then the last keys one at a time.
-template <int R, class Key, int Steps>
 SDPA_BF16_TARGET void row_scores_steps(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                       std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale,
-                                       float* st, std::int64_t st_stride) {
+                                       std::int64_t cols, std::int64_t ahead, float scale, float* st,
+                                       std::int64_t st_stride) {
   constexpr int kKeys = 16 / R;
   std::int64_t c = 0;
-  if constexpr (Steps > 0 && R > 1 && 8 % R == 0 && sizeof(Key) == 1)
-    for (; c + 2 * kKeys <= cols; c += 2 * kKeys)
-      row_score_key_pairs<R, Steps>(q, k_rows, c, ahead, scale, k_scale, st, st_stride);
-  for (; c + kKeys <= cols; c += kKeys)
-    row_score_keys<R, kKeys, Key, Steps>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
-  for (; c < cols; ++c) row_score_keys<R, 1, Key, Steps>(q, E, k_rows, c, ahead, scale, k_scale, st, st_stride);
+  for (; c + kKeys <= cols; c += kKeys) row_score_keys<R, kKeys, Steps>(q, E, k_rows, c, ahead, scale, st, st_stride);
+  for (; c < cols; ++c) row_score_keys<R, 1, Steps>(q, E, k_rows, c, ahead, scale, st, st_stride);
 }
 
 // The common head sizes (64, 128) with their steps known: unrolled and unmasked, 7-9 %
 // faster a decode call in cache on Zen 4 (docs/performance.md, "Decoding").
-template <int R, class Key>
+template <int R>
 SDPA_BF16_TARGET void row_scores_for(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
-                                     std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale,
-                                     float* st, std::int64_t st_stride) {
+                                     std::int64_t cols, std::int64_t ahead, float scale, float* st,
+                                     std::int64_t st_stride) {
   if (E == 128)
-    row_scores_steps<R, Key, 4>(q, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
+    row_scores_steps<R, 4>(q, E, k_rows, cols, ahead, scale, st, st_stride);
   else if (E == 64)
-    row_scores_steps<R, Key, 2>(q, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
+    row_scores_steps<R, 2>(q, E, k_rows, cols, ahead, scale, st, st_stride);
   else
-    row_scores_steps<R, Key, 0>(q, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
+    row_scores_steps<R, 0>(q, E, k_rows, cols, ahead, scale, st, st_stride);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
-// The kernel for `rows` rows (1 to kMaxDecodeRows) and K rows of Key.
-template <class Key>
-void row_scores_of(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
-                   std::int64_t cols, std::int64_t ahead, float scale, const float* k_scale, float* st,
-                   std::int64_t st_stride) {
-  using Kernel = void (*)(const std::uint16_t*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
-                          float, const float*, float*, std::int64_t);
-  static constexpr Kernel kernels[kMaxDecodeRows] = {
-      row_scores_for<1, Key>, row_scores_for<2, Key>, row_scores_for<3, Key>, row_scores_for<4, Key>,
-      row_scores_for<5, Key>, row_scores_for<6, Key>, row_scores_for<7, Key>, row_scores_for<8, Key>};
-  kernels[rows - 1](q, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
-}
 
 }  // namespace
 
@@ -426,13 +295,12 @@ SDPA_BF16_TARGET void rank_update(const std::uint16_t* wt, std::int64_t wt_strid
 
 void row_scores(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
                 std::int64_t cols, std::int64_t ahead, float scale, float* st, std::int64_t st_stride) {
-  row_scores_of<std::uint16_t>(q, rows, E, k_rows, cols, ahead, scale, nullptr, st, st_stride);
-}
-
-void row_scores_int8(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
-                     const float* k_scale, std::int64_t cols, std::int64_t ahead, float scale, float* st,
-                     std::int64_t st_stride) {
-  row_scores_of<std::int8_t>(q, rows, E, k_rows, cols, ahead, scale, k_scale, st, st_stride);
+  using Kernel = void (*)(const std::uint16_t*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t,
+                          float, float*, std::int64_t);
+  static constexpr Kernel kernels[kMaxDecodeRows] = {row_scores_for<1>, row_scores_for<2>, row_scores_for<3>,
+                                                     row_scores_for<4>, row_scores_for<5>, row_scores_for<6>,
+                                                     row_scores_for<7>, row_scores_for<8>};
+  kernels[rows - 1](q, E, k_rows, cols, ahead, scale, st, st_stride);
 }
 
 }  // namespace sdpa::detail::bf16

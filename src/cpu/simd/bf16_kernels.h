@@ -79,11 +79,4 @@ constexpr int kMaxDecodeRows = 8;
 void row_scores(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
                 std::int64_t cols, std::int64_t ahead, float scale, float* st, std::int64_t st_stride);
 
-// The same for int8 K rows (widened to bfloat16 exactly), each score also times its key's
-// scale: st[c·st_stride + r] = scale · k_scale[c] · Σ_e q[r][e] · K_c[e]. k_scale is read
-// up to 15 floats past cols.
-void row_scores_int8(const std::uint16_t* q, std::int64_t rows, std::int64_t E, const std::byte* const* k_rows,
-                     const float* k_scale, std::int64_t cols, std::int64_t ahead, float scale, float* st,
-                     std::int64_t st_stride);
-
 }  // namespace sdpa::detail::bf16

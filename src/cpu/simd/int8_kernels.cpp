@@ -194,10 +194,10 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) __m512i lane_sums(const _
     quads[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(pairs[2 * j], pairs[2 * j + 1]),
                                 _mm512_unpackhi_epi64(pairs[2 * j], pairs[2 * j + 1]));
   // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
-  const __m512i q01 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], 0x44),
-                                       _mm512_shuffle_i32x4(quads[0], quads[1], 0xEE));
-  const __m512i q23 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], 0x44),
-                                       _mm512_shuffle_i32x4(quads[2], quads[3], 0xEE));
+  const __m512i q01 =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], 0x44), _mm512_shuffle_i32x4(quads[0], quads[1], 0xEE));
+  const __m512i q23 =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], 0x44), _mm512_shuffle_i32x4(quads[2], quads[3], 0xEE));
   return _mm512_add_epi32(_mm512_shuffle_i32x4(q01, q23, 0x88), _mm512_shuffle_i32x4(q01, q23, 0xDD));
 }
 
@@ -224,7 +224,8 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void store_scores(__m512i
                                                                          float* st, std::int64_t st_stride) {
   static_assert(Keys * R <= 16, "one vector of scores");
   alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
-  const __m512 key_scale = _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first));
+  const __m512 key_scale =
+      _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first));
   const __m512 scores = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(row_factor, key_scale));
   if (st_stride == R) {  // a dense Sᵀ
     _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), scores);
@@ -239,17 +240,16 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void store_scores(__m512i
 // One step of row_score_keys: K dims [e, e + 32), those past the mask read as 0 (q̂ is 0
 // there too: pack_query pads its rows).
 template <int R, int Keys, bool Full>
-SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std::int16_t* q_hat,
-                                                                       std::int64_t q_stride, std::int64_t e,
-                                                                       __mmask32 mask, const std::byte* const* k_rows,
-                                                                       std::int64_t c, std::int64_t ahead,
-                                                                       __m512i (&acc)[Keys * R]) {
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std::int16_t* q_hat, std::int64_t q_stride,
+                                                                       std::int64_t e, __mmask32 mask,
+                                                                       const std::byte* const* k_rows, std::int64_t c,
+                                                                       std::int64_t ahead, __m512i (&acc)[Keys * R]) {
   const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]) + e; };
 #pragma GCC unroll 16
   for (int k = 0; k < Keys; ++k) {
-    const __m256i bytes = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key(k)))
-                               : _mm256_maskz_loadu_epi8(mask, key(k));
-    const __m512i kv = _mm512_cvtepi8_epi16(bytes);  // exact
+    const __m256i bytes =
+        Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key(k))) : _mm256_maskz_loadu_epi8(mask, key(k));
+    const __m512i kv = _mm512_cvtepi8_epi16(bytes);                                             // exact
     if (e % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead)), _MM_HINT_T1);  // a line's first
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[k * R + r] = dpwssd_from(acc[k * R + r], kv, q_hat + r * q_stride + e);
@@ -262,8 +262,8 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std
 // argument, the last step masked).
 template <int R, int Keys, int Steps>
 SDPA_INT8_TARGET inline void row_score_keys(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
-                                            std::int64_t c, std::int64_t ahead, __m512 row_factor,
-                                            const float* k_scale, float* st, std::int64_t st_stride) {
+                                            std::int64_t c, std::int64_t ahead, __m512 row_factor, const float* k_scale,
+                                            float* st, std::int64_t st_stride) {
   __m512i acc[Keys * R];
 #pragma GCC unroll 16
   for (int i = 0; i < Keys * R; ++i) acc[i] = _mm512_setzero_si512();
@@ -284,8 +284,8 @@ SDPA_INT8_TARGET inline void row_score_keys(const std::int16_t* q_hat, std::int6
 // common head sizes (64, 128) with their steps known: unrolled and unmasked.
 template <int R, int Steps>
 SDPA_INT8_TARGET void row_scores_steps(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
-                                       std::int64_t cols, std::int64_t ahead, __m512 row_factor,
-                                       const float* k_scale, float* st, std::int64_t st_stride) {
+                                       std::int64_t cols, std::int64_t ahead, __m512 row_factor, const float* k_scale,
+                                       float* st, std::int64_t st_stride) {
   constexpr int kKeys = 16 / R;
   std::int64_t c = 0;
   for (; c + kKeys <= cols; c += kKeys)
@@ -298,9 +298,9 @@ SDPA_INT8_TARGET void row_scores_for(const std::int16_t* q_hat, const float* sig
                                      const std::byte* const* k_rows, const float* k_scale, std::int64_t cols,
                                      std::int64_t ahead, float scale, float* st, std::int64_t st_stride) {
   alignas(64) static constexpr std::array<std::int32_t, 16> kRowOfLane = RowOfLane<R>();
-  const __m512 row_factor =
-      _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_permutexvar_ps(_mm512_load_si512(kRowOfLane.data()),
-                                                                  _mm512_maskz_loadu_ps((1u << R) - 1, sigma)));
+  const __m512 row_factor = _mm512_mul_ps(
+      _mm512_set1_ps(scale),
+      _mm512_permutexvar_ps(_mm512_load_si512(kRowOfLane.data()), _mm512_maskz_loadu_ps((1u << R) - 1, sigma)));
   if (E == 128)
     row_scores_steps<R, 4>(q_hat, E, k_rows, cols, ahead, row_factor, k_scale, st, st_stride);
   else if (E == 64)
@@ -328,8 +328,7 @@ bool supported() {
   return has;
 }
 
-SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat,
-                                 float* sigma) {
+SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat, float* sigma) {
   assert(rows >= 1 && rows <= kMaxRows);
   const auto lanes = [E](std::int64_t e) {  // the dims [e, e + 16) below E
     return E - e >= 16 ? __mmask16{0xffff} : E > e ? static_cast<__mmask16>((1u << (E - e)) - 1) : __mmask16{0};

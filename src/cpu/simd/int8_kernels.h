@@ -33,9 +33,7 @@ bool supported();
 constexpr std::int64_t QueryStride(std::int64_t E) { return (E + 31) / 32 * 32; }
 // The largest |q̂|: 32767, less for E > 512, so that a score's Σ_e q̂ · k (|k| <= 128)
 // stays below 2^31.
-constexpr std::int64_t QueryLargest(std::int64_t E) {
-  return E <= 512 ? 32767 : std::int64_t{2147483647} / (128 * E);
-}
+constexpr std::int64_t QueryLargest(std::int64_t E) { return E <= 512 ? 32767 : std::int64_t{2147483647} / (128 * E); }
 bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat, float* sigma);
 
 // The decode scores of int8 K rows: st[c·st_stride + r] = scale · σ_r · k_scale[c] ·
