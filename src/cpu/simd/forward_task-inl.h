@@ -29,8 +29,9 @@
 // Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
 // (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
 // rows in place with lanes along E and Ev (its sums of products are horizontal; a
-// bfloat16 query's scores on vdpbf16ps, bf16::row_scores, and its P·V of int8 V on
-// vpdpwssd, int8::row_accumulate), and, without lane-by-lane modifiers, runs the softmax
+// bfloat16 query's scores on vdpbf16ps against bfloat16 K, bf16::row_scores, or on
+// vpdpwssd against int8 K, int8::row_scores, and its P·V of int8 V on vpdpwssd,
+// int8::row_accumulate), and, without lane-by-lane modifiers, runs the softmax
 // on a dense Sᵀ (several keys a vector).
 //
 // Included once per Highway target by forward.cpp alone (hence the toggling include
