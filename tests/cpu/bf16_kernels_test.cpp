@@ -152,13 +152,13 @@ TEST(Bf16Kernels, PackValuesAndAccumulate) {
   }
 }
 
-// A decode score kernel's st (cols keys, `rows` rows, st_stride apart, 16 sentinels of -1
-// past its end) against float64: st[c·st_stride + r] within 1e-6 of 1 + the products'
-// sizes of factor(c) · Σ_e q[r][e] · key(c, e); the lanes past the rows and the sentinels
+// The decode score kernel's st (cols keys, `rows` rows, st_stride apart, 16 sentinels of
+// -1 past its end) against float64: st[c·st_stride + r] within 1e-6 of 1 + the products'
+// sizes of scale · Σ_e q[r][e] · keys[c][e]; the lanes past the rows and the sentinels
 // untouched.
-template <class Key>
 void ExpectRowScores(const std::vector<float>& st, std::int64_t cols, std::int64_t rows, std::int64_t st_stride,
-                     const std::vector<std::uint16_t>& q, std::int64_t E, Key key, const std::vector<double>& factor) {
+                     const std::vector<std::uint16_t>& q, std::int64_t E,
+                     const std::vector<std::vector<std::uint16_t>>& keys, double scale) {
   for (std::int64_t c = 0; c < cols; ++c)
     for (std::int64_t r = 0; r < st_stride; ++r) {
       if (r >= rows) {
@@ -167,10 +167,10 @@ void ExpectRowScores(const std::vector<float>& st, std::int64_t cols, std::int64
       }
       double want = 0, size = 0;
       for (std::int64_t e = 0; e < E; ++e) {
-        const double product = double{bf16_to_float(q[r * E + e])} * key(c, e);
+        const double product = double{bf16_to_float(q[r * E + e])} * bf16_to_float(keys[c][e]);
         want += product, size += std::abs(product);
       }
-      ASSERT_NEAR(st[c * st_stride + r], factor[c] * want, 1e-6 * (1 + factor[c] * size)) << c << " " << r;
+      ASSERT_NEAR(st[c * st_stride + r], scale * want, 1e-6 * (1 + scale * size)) << c << " " << r;
     }
   for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
 }
@@ -200,9 +200,7 @@ TEST(Bf16Kernels, RowScoresForEveryRowCountAndHeadDim) {
         for (const auto& key : keys) k_rows.push_back(reinterpret_cast<const std::byte*>(key.data()));
         std::vector<float> st(cols * st_stride + 16, -1.0f);  // (16 sentinels past the end)
         row_scores(q.data(), rows, E, k_rows.data(), cols, ahead, 0.25f, st.data(), st_stride);
-        ExpectRowScores(
-            st, cols, rows, st_stride, q, E, [&](std::int64_t c, std::int64_t e) { return bf16_to_float(keys[c][e]); },
-            std::vector<double>(cols, 0.25));
+        ExpectRowScores(st, cols, rows, st_stride, q, E, keys, 0.25);
       }
 }
 

@@ -111,20 +111,21 @@ TEST(Int8Kernels, RowAccumulateRefusesWeightsItCannotRound) {
 }
 
 // The query's int16 rounding for the scores: σ the least power of two with max|q| / σ <=
-// QueryLargest(E) (so > half of it), q̂ = round(q / σ) exactly (the division by a power
-// of two is exact), zeros up to QueryStride(E); every row count, E on and off the 32-dim
-// step and past 512 (a smaller largest: the int32 headroom), rows at their own scales, a
-// row of zeros, a sentinel past the rows.
+// 32767 (so > half of it), q̂ = round(q / σ) exactly (the division by a power of two is
+// exact), zeros up to QueryStride(E); every row count, E on and off the 32-dim step up to
+// kMaxQueryDims, rows at their own scales, a row of zeros, a row whose largest over 2^k
+// is 32767.5 (σ one power of two up), a sentinel past the rows.
 TEST(Int8Kernels, PackQueryRoundsAgainstAPowerOfTwoPerRow) {
   SKIP_WITHOUT_VNNI();
   std::mt19937_64 rng(9);
   std::normal_distribution<float> normal;
-  for (std::int64_t E : {1, 17, 32, 40, 64, 100, 128, 600})
+  for (std::int64_t E : std::vector<std::int64_t>{1, 17, 32, 40, 64, 100, 128, kMaxQueryDims})
     for (std::int64_t rows = 1; rows <= kMaxRows; ++rows) {
       SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows);
       std::vector<float> q(rows * E);
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t e = 0; e < E; ++e) q[r * E + e] = r == 1 ? 0.0f : normal(rng) * std::pow(7.0f, 2.0f - r);
+      q[E / 2] = -32767.5f * 4;  // (row 0's largest: 2^15 - 1/2 times 4)
       const std::int64_t stride = QueryStride(E);
       std::vector<std::int16_t> q_hat(rows * stride + 16, std::int16_t{-7});
       std::vector<float> sigma(kMaxRows, -1.0f);
@@ -137,8 +138,8 @@ TEST(Int8Kernels, PackQueryRoundsAgainstAPowerOfTwoPerRow) {
         } else {
           int exponent = 0;
           ASSERT_EQ(std::frexp(sigma[r], &exponent), 0.5f) << r;  // a power of two
-          ASSERT_LE(largest / sigma[r], static_cast<double>(QueryLargest(E))) << r;
-          ASSERT_GT(largest / sigma[r], QueryLargest(E) / 2.0) << r;
+          ASSERT_LE(largest / sigma[r], 32767.0) << r;
+          ASSERT_GT(largest / sigma[r], 32767.0 / 2) << r;
         }
         for (std::int64_t e = 0; e < stride; ++e) {
           const double want = e < E && sigma[r] > 0 ? std::nearbyint(q[r * E + e] / double{sigma[r]}) : 0.0;
@@ -177,10 +178,11 @@ TEST(Int8Kernels, PackQueryRefusesRowsItCannotRound) {
 // int32, so within float32's rounding of the scaling (4 roundings: σ·scale, times s^K,
 // the sum to float, the product) of the exact value — not of the products' size. Every
 // row count (16/R keys a block, then single keys for the rest of cols = 37), E on and off
-// the 32-dim step (its masked last loads; 127s past E that they must leave), the
-// unrolled E = 64 and 128, both Sᵀ strides, each row at its own scale, -128 and 127
-// among the keys, and E = 600 with
-// every q̂ at the largest and every key -128: the int32 sum at its headroom's edge.
+// the 32-dim step (its masked last loads: past E the keys hold 127s and q̂'s padding is
+// overwritten with 1000s, so a load past E would show), the unrolled E = 64 and 128, both
+// Sᵀ strides, each row at its own scale, -128 and 127 among the keys, and E =
+// kMaxQueryDims with every q̂ at 32767 and every key -128: the int32 sum at its
+// headroom's edge.
 TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
   SKIP_WITHOUT_VNNI();
   std::mt19937_64 rng(10);
@@ -188,17 +190,19 @@ TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
   std::uniform_real_distribution<float> positive(0.001f, 0.1f);
   const std::int64_t cols = 37, ahead = 4;
   const float scale = 0.3f;
-  for (std::int64_t E : {1, 31, 33, 64, 100, 128, 600})
+  for (std::int64_t E : std::vector<std::int64_t>{1, 31, 33, 64, 100, 128, kMaxQueryDims})
     for (std::int64_t rows = 1; rows <= kMaxRows; ++rows)
       for (std::int64_t st_stride : {rows, std::int64_t{16}}) {
         SCOPED_TRACE(testing::Message() << "E " << E << " rows " << rows << " stride " << st_stride);
-        const bool edge = E == 600;
+        const bool edge = E == kMaxQueryDims;
         std::vector<float> q(rows * E);  // (each row at its own scale: so its own σ)
         for (std::int64_t i = 0; i < rows * E; ++i)
-          q[i] = edge ? std::ldexp(static_cast<float>(QueryLargest(E)), -15) : normal(rng) * std::pow(3.0f, i / E);
+          q[i] = edge ? 32767.0f / 32768 : normal(rng) * std::pow(3.0f, i / E);  // (edge: σ = 2^-15)
         std::vector<std::int16_t> q_hat(rows * QueryStride(E));
         std::vector<float> sigma(kMaxRows);
         ASSERT_TRUE(pack_query(q.data(), rows, E, q_hat.data(), sigma.data()));
+        for (std::int64_t r = 0; r < rows; ++r)
+          std::fill(q_hat.begin() + r * QueryStride(E) + E, q_hat.begin() + (r + 1) * QueryStride(E), 1000);
         Values k = random_values(cols + ahead, E, rng);
         if (edge)
           for (auto& row : k.rows) std::fill(row.begin(), row.begin() + E, std::int8_t{-128});
@@ -216,7 +220,7 @@ TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
             }
             std::int64_t sum = 0;
             for (std::int64_t e = 0; e < E; ++e) sum += std::int64_t{q_hat[r * QueryStride(E) + e]} * k.rows[c][e];
-            if (edge) ASSERT_EQ(sum, -128 * E * QueryLargest(E));
+            if (edge) ASSERT_EQ(sum, -128 * E * 32767);
             const double want = double{scale} * sigma[r] * k_scale[c] * static_cast<double>(sum);
             ASSERT_NEAR(st[c * st_stride + r], want, 3e-7 * std::abs(want)) << c << " " << r;
           }

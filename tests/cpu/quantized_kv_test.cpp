@@ -1,8 +1,9 @@
 // int8 K/V with a float32 scale per (token, KV head) (Options::key_scale, value_scale;
 // quantize_kv): the CPU forward against the float64 oracle, which reads scale · q
 // exactly, over decode (L = 1..16), prefill, GQA, causal, masks, the split-key decode of
-// long S and every query dtype; quantize_kv's own guarantees; and the error against the
-// unquantized K/V within the bound docs/numerics.md derives (not a guessed tolerance).
+// long S and every query dtype; and the error against the unquantized K/V within the
+// bound docs/numerics.md derives (not a guessed tolerance). quantize_kv's own guarantees:
+// tests/api/quantize_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,13 +59,15 @@ Quantized make_quantized(const Shape4& s, DType query_dtype, std::uint64_t seed,
 // docs/numerics.md) may add to the lse, derived from the inputs: per query row, σ = the
 // least power of two >= max_e |q_e| / 32767; an element that is not a multiple of σ moves
 // by at most σ / 2, so key j's score by at most |scale| · s^K_j · σ/2 · Σ_{e moved} |k̂_je|,
-// and the lse by at most the largest of these. 0 for other queries and float K.
+// and the lse by at most the largest of these. 0 where the kernel never runs: other
+// queries, float K, E > 512. (Added for any bfloat16 query with int8 K: a call's last
+// task of a KV head's rows may hold few enough rows to decode, whatever L.)
 double query_rounding_bound(const Quantized& c) {
   if (c.q.dtype() != DType::bfloat16 || !c.int8_key) return 0.0;
   const Tensor q = to_float64(c.q.view()), k = to_float64(c.k8.values.view()), ks = to_float64(c.k8.scale.view());
   const std::int64_t B = q.shape()[0], Hq = q.shape()[1], L = q.shape()[2], E = q.shape()[3];
   const std::int64_t Hkv = k.shape()[1], S = k.shape()[2];
-  EXPECT_LE(E, 512);  // (QueryLargest(E) = 32767)
+  if (E > 512) return 0.0;
   const double scale = std::abs(c.options.scale.value_or(1.0 / std::sqrt(static_cast<double>(E))));
   double bound = 0.0;
   for (std::int64_t b = 0; b < B; ++b)
@@ -93,17 +96,20 @@ void expect_agrees(const Quantized& c, const std::string& what) {
   const double delta = query_rounding_bound(c);
   if (delta > 0.0) {
     // The weights move by a factor within e^{±2Δ} (numerics.md, "a derived bound").
-    const double v_max = max_abs(c.int8_value ? dequantized(c.v8.values.view(), c.v8.scale.view()) : to_float64(c.v.view()));
+    const double v_max =
+        max_abs(c.int8_value ? dequantized(c.v8.values.view(), c.v8.scale.view()) : to_float64(c.v.view()));
+    const double kept = 1 - c.options.dropout_p;  // (dropout scales the kept weights by 1/kept)
     a.lse_tolerance += delta;
-    a.output_tolerance += std::expm1(2 * delta) * v_max / (1 - c.options.dropout_p);
-    a.weights_tolerance += std::expm1(2 * delta);
+    a.output_tolerance += std::expm1(2 * delta) * v_max / kept;
+    a.weights_tolerance += std::expm1(2 * delta) / kept;
   }
   EXPECT_TRUE(a.ok()) << what << ": " << a.describe();
 }
 
 // Decoding: L = 1..16 new queries against the quantized cache, GQA, bottom-right causal
 // (the queries are the sequence's last), both K and V int8 or one of them.
-// float32 and bfloat16 queries (held to the lse's float32 rule either way).
+// float32 and bfloat16 queries (the lse held to float32's rule, plus for bfloat16 the
+// derived bound of its int16 rounding: expect_agrees).
 TEST(QuantizedKV, DecodeMatchesOracle) {
   int n = 0;
   for (DType dtype : {DType::float32, DType::bfloat16})
@@ -369,61 +375,6 @@ TEST(QuantizedKV, VarlenEqualsForwardOnEachSequence) {
     const Tensor got = to_float64(sequence_rows(packed.output.view(), cu_q[b], cu_q[b + 1]));
     EXPECT_LE(max_abs_diff(got, want), 1e-6 * std::max(1.0, max_abs(want))) << "sequence " << b;
   }
-}
-
-// quantize_kv: scale = max|row| / 127 (rounded to float32), q in [−127, 127] with the
-// row's largest element at ±127, every |x − scale · q| <= scale / 2 (the property the
-// error bound rests on), a zero row gives scale 0 and q = 0, strided views work, and
-// a non-finite input is refused with nothing written.
-TEST(QuantizedKV, QuantizeRoundTripProperty) {
-  std::mt19937_64 rng(600);
-  for (DType dtype : {DType::float32, DType::float64, DType::bfloat16, DType::float16}) {
-    Tensor x = random_tensor(dtype, {3, 4, 7, 33}, rng, 3.0);
-    for (std::int64_t e = 0; e < 33; ++e) x.set(2 * 33 + e, 0.0);  // row 2: zeros
-    const QuantizedKV qk = quantize_kv(x.view());
-    ASSERT_EQ(qk.values.shape(), x.shape());
-    ASSERT_EQ(qk.scale.shape(), (Shape{3, 4, 7}));
-    for (std::int64_t row = 0; row < qk.scale.numel(); ++row) {
-      double max = 0;
-      for (std::int64_t e = 0; e < 33; ++e) max = std::max(max, std::abs(x.get(row * 33 + e)));
-      const double scale = qk.scale.get(row);
-      EXPECT_EQ(scale, static_cast<double>(static_cast<float>(max / 127))) << "row " << row;
-      double largest_q = 0;
-      for (std::int64_t e = 0; e < 33; ++e) {
-        const double q = qk.values.get(row * 33 + e), xv = x.get(row * 33 + e);
-        EXPECT_LE(std::abs(q), 127.0);
-        EXPECT_LE(std::abs(xv - scale * q), scale / 2 * (1 + 1e-12)) << "row " << row << " e " << e;
-        largest_q = std::max(largest_q, std::abs(q));
-      }
-      EXPECT_EQ(largest_q, max == 0 ? 0.0 : 127.0) << "row " << row;
-    }
-    EXPECT_EQ(qk.scale.get(2), 0.0);
-  }
-  // Strided input and outputs: the transpose of a packed tensor gives the same numbers.
-  const Tensor x = random_tensor(DType::float32, {5, 9}, rng);
-  TensorView xt = x.view();
-  xt.shape = {9, 5};
-  xt.strides = {1, 9};
-  const QuantizedKV direct = quantize_kv(xt);
-  const Tensor packed = to_float64(xt);
-  const QuantizedKV from_packed = quantize_kv(packed.view());
-  EXPECT_TRUE(bitwise_equal(direct.values, from_packed.values));
-  EXPECT_TRUE(bitwise_equal(direct.scale, from_packed.scale));
-
-  // Refused: NaN / inf, a non-float x, wrong output shapes or dtypes; nothing written.
-  Tensor bad = random_tensor(DType::float32, {2, 4}, rng);
-  bad.set(5, std::numeric_limits<double>::quiet_NaN());
-  Tensor values(DType::int8, {2, 4}), scale(DType::float32, {2});
-  fill_with_sentinel({&values, &scale});
-  expect_rejected_naming([&] { quantize_kv(bad.view(), values.view(), scale.view()); }, "x", {&values, &scale});
-  bad.set(5, kInf);
-  expect_rejected_naming([&] { quantize_kv(bad.view(), values.view(), scale.view()); }, "x", {&values, &scale});
-  const Tensor good = random_tensor(DType::float32, {2, 4}, rng);
-  Tensor wrong_scale(DType::float32, {2, 4}), wrong_values(DType::float32, {2, 4});
-  expect_rejected_naming([&] { quantize_kv(good.view(), values.view(), wrong_scale.view()); }, "scale", {&values});
-  expect_rejected_naming([&] { quantize_kv(good.view(), wrong_values.view(), scale.view()); }, "values", {&scale});
-  const Tensor ints(DType::int8, {2, 4});
-  expect_rejected_naming([&] { quantize_kv(ints.view(), values.view(), scale.view()); }, "x", {&values, &scale});
 }
 
 // The error against the *unquantized* K/V: each element moves by at most s/2 (s its

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "cpu/simd/lane_sums.h"
+
 #define SDPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace sdpa::detail::bf16 {
@@ -66,38 +68,6 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-
-// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
-// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
-// dependent chain. The order of the adds is fixed, so a score's bits are. (Always
-// inlined: once GCC called it out of line, the 16 accumulators went through the stack,
-// 11 % slower a bfloat16 decode call.)
-template <int M>
-SDPA_BF16_TARGET inline __attribute__((always_inline)) __m512 lane_sums(const __m512* acc) {
-  static_assert(M >= 1 && M <= 16, "one vector of sums");
-  __m512 at[16];  // (a lambda would not take the function's target)
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) at[i] = i < M ? acc[i] : _mm512_setzero_ps();
-  // In each 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of the vectors 2i (a), 2i+1 (b).
-  __m512 pairs[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    pairs[i] =
-        _mm512_add_ps(_mm512_unpacklo_ps(at[2 * i], at[2 * i + 1]), _mm512_unpackhi_ps(at[2 * i], at[2 * i + 1]));
-  // Block k of quads[j]: the sums over block k of acc[4j] .. acc[4j+3].
-  __m512 quads[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    const __m512d x = _mm512_castps_pd(pairs[2 * j]), y = _mm512_castps_pd(pairs[2 * j + 1]);
-    quads[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
-  const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
-                                   _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
-  const __m512 q23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44),
-                                   _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
-}
 
 // st[(first + k)·st_stride + r] = sums[k·R + r] · scale for k < Keys. sums: a dense Sᵀ's
 // order.

@@ -56,13 +56,14 @@ constexpr std::int64_t kFewRows = 8;
 // 32 rows: 16 KiB ahead for float32 at E = 128, 8 KiB for bfloat16; 16 left the Zen 4's
 // bfloat16 decode waiting on its rows once its scores took vdpbf16ps. int8 rows: 128,
 // 16 KiB (an S = 65536 call on Zen 4, two threads, 8 alternating runs: median 7.7 ms at
-// 32, 7.2 at 64 while its scores widened K to bfloat16; once they ran on vpdpwssd, 6.2 at
-// 64, 5.3 at 128 and 96, 5.7 at 256: docs/performance.md, "Decoding"). bfloat16 at 64:
+// 32, 7.2 at 64 while its scores widened K to bfloat16; once they ran on vpdpwssd, 6.3 at
+// 64, 5.3 at 128, 96 and 256 no better: docs/performance.md, "Decoding"). bfloat16 at 64:
 // level.
 constexpr std::int64_t kMaxRowsAhead = 128;
+constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : 32; }
 template <class T>
 constexpr std::int64_t RowsAhead() {
-  return sizeof(T) == 1 ? 128 : 32;
+  return RowsAheadOf(sizeof(T));
 }
 static_assert(RowsAhead<std::int8_t>() <= kMaxRowsAhead && RowsAhead<float>() <= kMaxRowsAhead);
 

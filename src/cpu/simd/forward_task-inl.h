@@ -94,14 +94,14 @@ struct Subtile : RowSet {
   // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
   // load of Oᵀ.
   bool ot_fresh = true;
-  hwy::AlignedFreeUniquePtr<float[]> q_rows;  // decode rows: Q (scaled) row-major, kFewRows × E
-  // Decode rows on vdpbf16ps (bfloat16 K): Q's bfloat16 bits, unscaled, row-major,
-  // kFewRows × E; on vpdpwssd (int8 K): Q rounded to int16 (int8::pack_query), rows
+  hwy::AlignedFreeUniquePtr<float[]> q_rows;       // decode rows: Q (scaled) row-major, kFewRows × E
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;  // decode rows on vdpbf16ps: Q (bfloat16, unscaled) row-major
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;   // bfloat16 path: query pairs
+  // Decode rows on vpdpwssd (int8 K): Q rounded to int16 (int8::pack_query), rows
   // int8::QueryStride(E) apart, and their scales; q_int16 when that packing took.
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;
+  hwy::AlignedFreeUniquePtr<std::int16_t[]> q_hat;
   std::array<float, kFewRows> q_sigma{};
   bool q_int16 = false;
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;   // bfloat16 path: query pairs
 };
 
 // Per-thread scratch, 64-byte aligned. `rows` = kVectors vectors of query rows per subtile.
@@ -128,7 +128,8 @@ struct Scratch {
       if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
       // Whatever this call's K: the scratch is kept for later calls with other dtypes.
       t.q_rows = allocate_aligned<float>(kFewRows * p.E);
-      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * int8::QueryStride(p.E));
+      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * p.E);
+      t.q_hat = allocate_aligned<std::int16_t>(kFewRows * int8::QueryStride(p.E));
       t.rows.reserve(rows);
     }
     st = allocate_aligned<float>(kKeyTile * rows);
@@ -191,7 +192,7 @@ class Task {
         bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
                          bf16::supported()),
         int8_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::int8 &&
-                         int8::supported()),
+                         p.E <= int8::kMaxQueryDims && int8::supported()),
         int8_row_values_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.value.dtype == DType::int8 &&
                          int8::supported()) {}
 
@@ -278,13 +279,14 @@ class Task {
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and
-  // kMaxRowsAhead more for the kernels' prefetches: the next rows, or (past this task's
-  // keys, which end at `end`) its last.
+  // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and as
+  // many more as its kernels request ahead (RowsAhead): the next rows, or (past this
+  // task's keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
     const auto row = RowAddresses(op, kvm_);
-    for (std::int64_t c = 0; c < cols + kMaxRowsAhead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
+    const std::int64_t ahead = RowsAheadOf(dtype_size(op.dtype));
+    for (std::int64_t c = 0; c < cols + ahead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the
@@ -324,8 +326,7 @@ class Task {
         // (widened to float32 exactly by LoadRow: the top half of the bits), and
         // int8::row_scores their int16 rounding (or, where that refuses the rows, the
         // float32 kernels take them); both scale the scores instead.
-        t.q_int16 = int8_row_scores_ && int8::pack_query(q_rows, rows, p_.E, reinterpret_cast<std::int16_t*>(t.q16.get()),
-                                                         t.q_sigma.data());
+        t.q_int16 = int8_row_scores_ && int8::pack_query(q_rows, rows, p_.E, t.q_hat.get(), t.q_sigma.data());
         if (t.q_int16) return;
         const std::size_t count = static_cast<std::size_t>(rows) * E;
         if (bf16_row_scores_)
@@ -382,8 +383,8 @@ class Task {
       if (static_cast<std::size_t>(few_keys_) < stride) std::fill(st, st + cols * stride, 0.0f);
       const auto st_stride = static_cast<std::int64_t>(stride);
       if (t.q_int16)
-        int8::row_scores(reinterpret_cast<const std::int16_t*>(t.q16.get()), t.q_sigma.data(), few_keys_, p_.E,
-                         s_.k_rows.data(), k_scale, cols, RowsAhead<std::int8_t>(), scale, st, st_stride);
+        int8::row_scores(t.q_hat.get(), t.q_sigma.data(), few_keys_, p_.E, s_.k_rows.data(), k_scale, cols,
+                         RowsAhead<std::int8_t>(), scale, st, st_stride);
       else if (bf16_row_scores_)
         bf16::row_scores(t.q16.get(), few_keys_, p_.E, s_.k_rows.data(), cols, RowsAhead<std::uint16_t>(), scale, st,
                          st_stride);
@@ -643,10 +644,11 @@ class Task {
   // K not widened to float32. On the AVX-512 target only (kBf16KernelsFit): so that the
   // other targets' tests still run their own kernels.
   const bool bf16_row_scores_;
-  // … against int8 K: on vpdpwssd, Q rounded to int16 per row (int8::row_scores; float32
-  // for a task whose query has an element that is not finite, or a row's largest below
-  // 2^-96). The AVX-512 target only, also because int8::row_scores reads 16 scales from a
-  // tile's key on (k_scale holds N more than a tile, N = 16 there).
+  // … against int8 K (E <= 512): on vpdpwssd, Q rounded to int16 per row
+  // (int8::row_scores; float32 for a task whose query has an element that is not finite,
+  // or a row's largest below 2^-96). The AVX-512 target only, also because
+  // int8::row_scores reads 16 scales from a tile's key on (k_scale holds N more than a
+  // tile, N = 16 there).
   const bool int8_row_scores_;
   // … and int8 V: P·V on vpdpwssd, the weights rounded to int16 per row and tile
   // (int8::row_accumulate; float32 for a tile with a weight that is not finite, or a row's

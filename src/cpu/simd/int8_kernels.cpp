@@ -7,6 +7,8 @@
 #include <cassert>
 #include <cmath>
 
+#include "cpu/simd/lane_sums.h"
+
 #define SDPA_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 namespace sdpa::detail::int8 {
@@ -23,8 +25,9 @@ namespace {
 #endif
 
 // The int32 sums' headroom: a pair adds at most 2 · 32767 · 128 < 2^23, so kMaxKeys / 2
-// pairs stay below 2^30 < 2^31.
+// pairs stay below 2^30 < 2^31; and a score's kMaxQueryDims products of q̂ and k.
 static_assert(kMaxKeys / 2 * 2.0 * 32767 * 128 < 2147483648.0, "int32 sums must not overflow");
+static_assert(kMaxQueryDims * static_cast<double>(kQueryLargest) * 128 < 2147483648.0, "nor the scores'");
 
 // pairs[k·kMaxRows + r] = (ŵ[r][2k], ŵ[r][2k+1]) as int16 halves (low, high) and sigma[r],
 // for the R rows: ŵ = round(w / σ_r), σ_r = max_c |w[r][c]| / 32767 (0 for a row of
@@ -167,38 +170,9 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
 // scores' q̂ vectors, R · E / 32 of them, would not fit the registers beside 16
 // accumulators).
 SDPA_INT8_TARGET inline __m512i dpwssd_from(__m512i acc, __m512i a, const std::int16_t* b) {
-  asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const __m512i*>(b)));
+  // (__m512i_u: b need not be 64-byte aligned.)
+  asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const __m512i_u*>(b)));
   return acc;
-}
-
-// Lane i of the result = the sum of acc[i]'s 16 lanes, for i < M <= 16 (0 past M): a
-// transpose by blocks, 45 instructions for 16 sums where a reduction each takes ~6 and a
-// dependent chain (bf16::lane_sums' steps, in integers: exact in any order). Always
-// inlined, so that the accumulators stay in registers.
-template <int M>
-SDPA_INT8_TARGET inline __attribute__((always_inline)) __m512i lane_sums(const __m512i* acc) {
-  static_assert(M >= 1 && M <= 16, "one vector of sums");
-  __m512i at[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) at[i] = i < M ? acc[i] : _mm512_setzero_si512();
-  // In each 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] of the vectors 2i (a), 2i+1 (b).
-  __m512i pairs[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(at[2 * i], at[2 * i + 1]),
-                                _mm512_unpackhi_epi32(at[2 * i], at[2 * i + 1]));
-  // Block k of quads[j]: the sums over block k of acc[4j] .. acc[4j+3].
-  __m512i quads[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j)
-    quads[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(pairs[2 * j], pairs[2 * j + 1]),
-                                _mm512_unpackhi_epi64(pairs[2 * j], pairs[2 * j + 1]));
-  // The blocks: (b0 + b2) and (b1 + b3) of two quads side by side, then their sum.
-  const __m512i q01 =
-      _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], 0x44), _mm512_shuffle_i32x4(quads[0], quads[1], 0xEE));
-  const __m512i q23 =
-      _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], 0x44), _mm512_shuffle_i32x4(quads[2], quads[3], 0xEE));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(q01, q23, 0x88), _mm512_shuffle_i32x4(q01, q23, 0xDD));
 }
 
 // Lane i of a dense Sᵀ's 16 scores of R rows: key i / R's, row i % R's.
@@ -309,14 +283,6 @@ SDPA_INT8_TARGET void row_scores_for(const std::int16_t* q_hat, const float* sig
     row_scores_steps<R, 0>(q_hat, E, k_rows, cols, ahead, row_factor, k_scale, st, st_stride);
 }
 
-// The least power of two >= x > 0 (x normal), or 0 for x = 0.
-float PowerOfTwoAbove(float x) {
-  if (x == 0.0f) return 0.0f;
-  int exponent = 0;
-  const float fraction = std::frexp(x, &exponent);  // x = fraction · 2^exponent, fraction in [0.5, 1)
-  return std::ldexp(1.0f, fraction == 0.5f ? exponent - 1 : exponent);
-}
-
 }  // namespace
 
 bool supported() {
@@ -329,11 +295,10 @@ bool supported() {
 }
 
 SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat, float* sigma) {
-  assert(rows >= 1 && rows <= kMaxRows);
+  assert(rows >= 1 && rows <= kMaxRows && E <= kMaxQueryDims);
   const auto lanes = [E](std::int64_t e) {  // the dims [e, e + 16) below E
     return E - e >= 16 ? __mmask16{0xffff} : E > e ? static_cast<__mmask16>((1u << (E - e)) - 1) : __mmask16{0};
   };
-  const auto largest = static_cast<float>(QueryLargest(E));
   float inverse[kMaxRows], scale[kMaxRows];
   for (std::int64_t r = 0; r < rows; ++r) {
     __m512 most = _mm512_setzero_ps();
@@ -345,19 +310,26 @@ SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t
     }
     const float row_most = _mm512_reduce_max_ps(most);
     if (bad || (row_most > 0.0f && row_most < kSmallestLargest)) return false;
-    scale[r] = PowerOfTwoAbove(row_most / largest);
-    if (row_most / scale[r] > largest) scale[r] *= 2.0f;  // (the quotient's rounding; exact here)
-    inverse[r] = row_most > 0.0f ? 1.0f / scale[r] : 0.0f;
+    scale[r] = inverse[r] = 0.0f;  // a row of zeros
+    if (row_most == 0.0f) continue;
+    // row_most in [2^(x-1), 2^x): over 2^(x-15) it is in [2^14, 2^15) (exact: a power of
+    // two), above kQueryLargest = 2^15 - 1 only when its 15 leading bits are ones and
+    // more follow; then σ doubles.
+    int x = 0;
+    std::frexp(row_most, &x);
+    scale[r] = std::ldexp(1.0f, x - 15);
+    if (row_most / scale[r] > static_cast<float>(kQueryLargest)) scale[r] *= 2.0f;
+    inverse[r] = 1.0f / scale[r];
   }
   const std::int64_t stride = QueryStride(E);
   for (std::int64_t r = 0; r < rows; ++r) {
     sigma[r] = scale[r];
-    // (cvtps_epi32 rounds to nearest, even, under the default MXCSR; |q̂| <= 32767 fits
-    // int16.) Lanes past E load as 0: the row's padding.
+    // (Rounded to nearest, even, whatever the caller's MXCSR; |q̂| <= 32767 fits int16.)
+    // Lanes past E load as 0: the row's padding.
     for (std::int64_t e = 0; e < stride; e += 16) {
       const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(e), q + r * E + e), _mm512_set1_ps(inverse[r]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_hat + r * stride + e),
-                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(x)));
+      const __m512i rounded = _mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_hat + r * stride + e), _mm512_cvtepi32_epi16(rounded));
     }
   }
   return true;

@@ -21,19 +21,20 @@ constexpr int kMaxKeys = 256;  // keys per call (the int32 sums' headroom: below
 // True when the CPU has AVX-512 F, BW, VL and VNNI.
 bool supported();
 
-// Query rows for row_scores: q̂[r·QueryStride(E) + e] = round(q[r·E + e] / σ_r) for rows
-// r < rows (1 to kMaxRows), zero for E <= e < QueryStride(E), with σ_r the least power of
-// two for which max_e |q[r][e]| / σ_r <= QueryLargest(E) (0 for a row of zeros). A power
-// of two, so that the division is exact and only the rounding moves an element: not at
-// all where its last bit is at least σ_r — for a bfloat16 query every element within a
-// factor 64 of its row's largest — and by at most σ_r / 2 < max_e |q[r][e]| / 32767 (the
-// bound in docs/numerics.md, "Quantized K/V"). Returns false, writing nothing, when some
-// element is not finite or a row's largest is below 2^-96 but not 0 (as row_accumulate's
-// weights: the caller keeps float32 for the task).
+// Query rows for row_scores, E <= kMaxQueryDims: q̂[r·QueryStride(E) + e] = round(q[r·E +
+// e] / σ_r) for rows r < rows (1 to kMaxRows), zero for E <= e < QueryStride(E), with σ_r
+// the least power of two for which max_e |q[r][e]| / σ_r <= kQueryLargest (0 for a row of
+// zeros). A power of two, so that the division is exact and only the rounding moves an
+// element: not at all where its last bit is at least σ_r — for a bfloat16 query every
+// element within a factor 64 of its row's largest — and by at most σ_r / 2 < max_e
+// |q[r][e]| / 32767 otherwise (docs/numerics.md, "Quantized K/V"). Returns false, writing
+// nothing, when some element is not finite or a row's largest is below 2^-96 but not 0
+// (as row_accumulate's weights: the caller keeps float32 for the task).
+constexpr std::int64_t kQueryLargest = 32767;
+// The head sizes it takes: a score's Σ_e q̂ · k (|k| <= 128) stays below 2^31 (512 ·
+// 32767 · 128 = 2^31 - 2^16); a longer head keeps the float32 kernels.
+constexpr std::int64_t kMaxQueryDims = 512;
 constexpr std::int64_t QueryStride(std::int64_t E) { return (E + 31) / 32 * 32; }
-// The largest |q̂|: 32767, less for E > 512, so that a score's Σ_e q̂ · k (|k| <= 128)
-// stays below 2^31.
-constexpr std::int64_t QueryLargest(std::int64_t E) { return E <= 512 ? 32767 : std::int64_t{2147483647} / (128 * E); }
 bool pack_query(const float* q, std::int64_t rows, std::int64_t E, std::int16_t* q_hat, float* sigma);
 
 // The decode scores of int8 K rows: st[c·st_stride + r] = scale · σ_r · k_scale[c] ·
