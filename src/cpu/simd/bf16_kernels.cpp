@@ -61,31 +61,6 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
         _mm512_storeu_ps(out + i * out_item + v * 16, _mm512_mul_ps(acc[i][v], factor));
 }
 
-// (GCC 12 flags the self-initialised `_mm512_undefined_*` inside the unpack and widening
-// intrinsics below as (maybe) uninitialised once they are inlined: its bug 105593.)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-// st[(first + k)·st_stride + r] = sums[k·R + r] · scale for k < Keys. sums: a dense Sᵀ's
-// order.
-template <int R, int Keys>
-SDPA_BF16_TARGET inline __attribute__((always_inline)) void store_scores(__m512 sums, float scale, std::int64_t first,
-                                                                         float* st, std::int64_t st_stride) {
-  static_assert(Keys * R <= 16, "one vector of scores");
-  sums = _mm512_mul_ps(sums, _mm512_set1_ps(scale));
-  if (st_stride == R) {  // a dense Sᵀ
-    _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), sums);
-    return;
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sums);
-  for (int k = 0; k < Keys; ++k)
-    for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
-}
-
 // One step of row_score_keys: dims [e, e + 32), masked.
 template <int R, int Keys>
 SDPA_BF16_TARGET inline __attribute__((always_inline)) void score_step(const std::uint16_t* q, std::int64_t E,
@@ -126,7 +101,7 @@ SDPA_BF16_TARGET inline void row_score_keys(const std::uint16_t* q, std::int64_t
     for (std::int64_t e = 0; e < E; e += 32)
       score_step<R, Keys>(q, E, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1, k_rows, c, ahead, acc);
   }
-  store_scores<R, Keys>(lane_sums<Keys * R>(acc), scale, c, st, st_stride);
+  store_score_lanes<R, Keys>(_mm512_mul_ps(lane_sums<Keys * R>(acc), _mm512_set1_ps(scale)), c, st, st_stride);
 }
 
 // row_scores for R rows: blocks of 16 / R keys, then the last keys one at a time.
@@ -153,10 +128,6 @@ SDPA_BF16_TARGET void row_scores_for(const std::uint16_t* q, std::int64_t E, con
   else
     row_scores_steps<R, 0>(q, E, k_rows, cols, ahead, scale, st, st_stride);
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 }  // namespace
 

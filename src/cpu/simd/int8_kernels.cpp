@@ -196,19 +196,11 @@ template <int R, int Keys>
 SDPA_INT8_TARGET inline __attribute__((always_inline)) void store_scores(__m512i sums, __m512 row_factor,
                                                                          const float* k_scale, std::int64_t first,
                                                                          float* st, std::int64_t st_stride) {
-  static_assert(Keys * R <= 16, "one vector of scores");
   alignas(64) static constexpr std::array<std::int32_t, 16> kKeyOfLane = KeyOfLane<R>();
   const __m512 key_scale =
       _mm512_permutexvar_ps(_mm512_load_si512(kKeyOfLane.data()), _mm512_loadu_ps(k_scale + first));
   const __m512 scores = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(row_factor, key_scale));
-  if (st_stride == R) {  // a dense Sᵀ
-    _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), scores);
-    return;
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, scores);
-  for (int k = 0; k < Keys; ++k)
-    for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
+  store_score_lanes<R, Keys>(scores, first, st, st_stride);
 }
 
 // One step of row_score_keys: K dims [e, e + 32), those past the mask read as 0 (q̂ is 0

@@ -1,10 +1,13 @@
-// The lane sums of the decode score kernels, whose lanes run along E so that each score
-// ends as the sum of one accumulator's 16 lanes: bf16_kernels.cpp's float32 accumulators
-// (vdpbf16ps) and int8_kernels.cpp's int32 ones (vpdpwssd). AVX-512 F only, so that each
-// kernel file's wider target (BF16, VNNI) can inline it.
+// The epilogue of the decode score kernels, whose lanes run along E so that each score
+// ends as the sum of one accumulator's 16 lanes: those sums, and their store into Sᵀ.
+// For bf16_kernels.cpp's float32 accumulators (vdpbf16ps) and int8_kernels.cpp's int32
+// ones (vpdpwssd). AVX-512 F only, so that each kernel file's wider target (BF16, VNNI)
+// can inline it.
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 #define SDPA_LANE_SUMS_TARGET __attribute__((target("avx512f"), always_inline))
 
@@ -73,6 +76,22 @@ SDPA_LANE_SUMS_TARGET inline __m512i lane_sums(const __m512i* acc) {
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) at[i] = i < M ? _mm512_castsi512_ps(acc[i]) : _mm512_setzero_ps();
   return _mm512_castps_si512(sum_each<true>(at));
+}
+
+// st[(first + k)·st_stride + r] = scores[k·R + r] for k < Keys, r < R (the lanes in a
+// dense Sᵀ's order): one masked store where Sᵀ is dense (st_stride = R).
+template <int R, int Keys>
+SDPA_LANE_SUMS_TARGET inline void store_score_lanes(__m512 scores, std::int64_t first, float* st,
+                                                    std::int64_t st_stride) {
+  static_assert(Keys * R <= 16, "one vector of scores");
+  if (st_stride == R) {
+    _mm512_mask_storeu_ps(st + first * R, static_cast<__mmask16>((1u << (Keys * R)) - 1), scores);
+    return;
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, scores);
+  for (int k = 0; k < Keys; ++k)
+    for (int r = 0; r < R; ++r) st[(first + k) * st_stride + r] = lanes[k * R + r];
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
