@@ -59,13 +59,12 @@ constexpr std::int64_t kFewRows = 8;
 // 32, 7.2 at 64 while its scores widened K to bfloat16; once they ran on vpdpwssd, 6.3 at
 // 64, 5.3 at 128, 96 and 256 no better: docs/performance.md, "Decoding"). bfloat16 at 64:
 // level.
-constexpr std::int64_t kMaxRowsAhead = 128;
 constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : 32; }
 template <class T>
 constexpr std::int64_t RowsAhead() {
   return RowsAheadOf(sizeof(T));
 }
-static_assert(RowsAhead<std::int8_t>() <= kMaxRowsAhead && RowsAhead<float>() <= kMaxRowsAhead);
+constexpr std::int64_t kMaxRowsAhead = std::max({RowsAheadOf(1), RowsAheadOf(2), RowsAheadOf(4)});
 
 // Requests the 64-byte line of row[e] into L2 if e starts one (e: a multiple of the
 // lanes). Into L2, not L1 (prefetcht1, not hwy::Prefetch's prefetcht0): on the Zen 4 of

@@ -189,12 +189,10 @@ class Task {
         s_(s),
         n_(hn::Lanes(DF())),
         bf16_(bf16_path),
-        bf16_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
-                         bf16::supported()),
-        int8_row_scores_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::int8 &&
-                         p.E <= int8::kMaxQueryDims && int8::supported()),
-        int8_row_values_(kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.value.dtype == DType::int8 &&
-                         int8::supported()) {}
+        bf16_row_scores_(Bf16QueryOnAvx512(p) && p.key.dtype == DType::bfloat16 && bf16::supported()),
+        int8_row_scores_(Bf16QueryOnAvx512(p) && p.key.dtype == DType::int8 && p.E <= int8::kMaxQueryDims &&
+                         int8::supported()),
+        int8_row_values_(Bf16QueryOnAvx512(p) && p.value.dtype == DType::int8 && int8::supported()) {}
 
   // Query rows [row0, row0 + row_count) of the flattened (group heads × L) rows that
   // share KV head `head_kv` of batch `b`: all keys, then the outputs.
@@ -640,15 +638,17 @@ class Task {
   Scratch<kVectors>& s_;
   const std::size_t n_;
   const bool bf16_;
+  // The decode rows' raw-intrinsic kernels take a bfloat16 query on the AVX-512 target
+  // only (kBf16KernelsFit): so that the other targets' tests still run their own kernels.
+  static bool Bf16QueryOnAvx512(const Problem& p) { return kBf16KernelsFit && p.query.dtype == DType::bfloat16; }
+
   // Decoding bfloat16 Q against bfloat16 K: the scores on vdpbf16ps (bf16::row_scores),
-  // K not widened to float32. On the AVX-512 target only (kBf16KernelsFit): so that the
-  // other targets' tests still run their own kernels.
+  // K not widened to float32.
   const bool bf16_row_scores_;
   // … against int8 K (E <= 512): on vpdpwssd, Q rounded to int16 per row
   // (int8::row_scores; float32 for a task whose query has an element that is not finite,
-  // or a row's largest below 2^-96). The AVX-512 target only, also because
-  // int8::row_scores reads 16 scales from a tile's key on (k_scale holds N more than a
-  // tile, N = 16 there).
+  // or a row's largest below 2^-96). It reads 16 scales from a tile's key on (k_scale
+  // holds N more than a tile, N = 16 on the AVX-512 target).
   const bool int8_row_scores_;
   // … and int8 V: P·V on vpdpwssd, the weights rounded to int16 per row and tile
   // (int8::row_accumulate; float32 for a tile with a weight that is not finite, or a row's

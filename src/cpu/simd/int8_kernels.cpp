@@ -291,7 +291,7 @@ SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t
   const auto lanes = [E](std::int64_t e) {  // the dims [e, e + 16) below E
     return E - e >= 16 ? __mmask16{0xffff} : E > e ? static_cast<__mmask16>((1u << (E - e)) - 1) : __mmask16{0};
   };
-  float inverse[kMaxRows], scale[kMaxRows];
+  float scale[kMaxRows];
   for (std::int64_t r = 0; r < rows; ++r) {
     __m512 most = _mm512_setzero_ps();
     __mmask16 bad = 0;
@@ -302,7 +302,7 @@ SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t
     }
     const float row_most = _mm512_reduce_max_ps(most);
     if (bad || (row_most > 0.0f && row_most < kSmallestLargest)) return false;
-    scale[r] = inverse[r] = 0.0f;  // a row of zeros
+    scale[r] = 0.0f;  // a row of zeros
     if (row_most == 0.0f) continue;
     // row_most in [2^(x-1), 2^x): over 2^(x-15) it is in [2^14, 2^15) (exact: a power of
     // two), above kQueryLargest = 2^15 - 1 only when its 15 leading bits are ones and
@@ -311,15 +311,15 @@ SDPA_INT8_TARGET bool pack_query(const float* q, std::int64_t rows, std::int64_t
     std::frexp(row_most, &x);
     scale[r] = std::ldexp(1.0f, x - 15);
     if (row_most / scale[r] > static_cast<float>(kQueryLargest)) scale[r] *= 2.0f;
-    inverse[r] = 1.0f / scale[r];
   }
   const std::int64_t stride = QueryStride(E);
   for (std::int64_t r = 0; r < rows; ++r) {
     sigma[r] = scale[r];
+    const __m512 inverse = _mm512_set1_ps(scale[r] > 0.0f ? 1.0f / scale[r] : 0.0f);  // (exact: a power of two)
     // (Rounded to nearest, even, whatever the caller's MXCSR; |q̂| <= 32767 fits int16.)
     // Lanes past E load as 0: the row's padding.
     for (std::int64_t e = 0; e < stride; e += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(e), q + r * E + e), _mm512_set1_ps(inverse[r]));
+      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(e), q + r * E + e), inverse);
       const __m512i rounded = _mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_hat + r * stride + e), _mm512_cvtepi32_epi16(rounded));
     }
