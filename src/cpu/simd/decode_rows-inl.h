@@ -50,16 +50,18 @@ namespace simd {
 constexpr std::int64_t kFewRows = 8;
 
 // The kernels request row c + RowsAhead<T>'s lines while they compute with row c, so the
-// row lists they take hold kMaxRowsAhead rows past the tile (the next tile's first rows).
+// row lists they take hold RowsAhead<T> rows past the tile (the next tile's rows).
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
-// the next tile's lines at the tile's start (the previous way) left the two in turn.
-// 32 rows: 16 KiB ahead for float32 at E = 128, 8 KiB for bfloat16; 16 left the Zen 4's
-// bfloat16 decode waiting on its rows once its scores took vdpbf16ps. int8 rows: 128,
-// 16 KiB (an S = 65536 call on Zen 4, two threads, 8 alternating runs: median 7.7 ms at
-// 32, 7.2 at 64 while its scores widened K to bfloat16; once they ran on vpdpwssd, 6.3 at
-// 64, 5.3 at 128, 96 and 256 no better: docs/performance.md, "Decoding"). bfloat16 at 64:
-// level.
-constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : 32; }
+// the next tile's lines at the tile's start (an earlier way) left the two in turn.
+// float32, bfloat16 and float16 rows: a whole key tile ahead (96 rows, 48 KiB for float32
+// at E = 128), so every K (V) row of a tile is requested while the tile before computes
+// with its K (V) rows. At 32 rows ahead, a tile's K rows past its first 32 were
+// requested only 32 rows before their turn, the V phase between having made no K request:
+// an S = 65536 float32 call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms
+// at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128 (bfloat16 15.2 → 14.1 ms; float16, bound by
+// its widening, level). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3 at 128, 96 and
+// 256 no better: docs/performance.md, "Decoding").
+constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : kKeyTile; }
 template <class T>
 constexpr std::int64_t RowsAhead() {
   return RowsAheadOf(sizeof(T));
