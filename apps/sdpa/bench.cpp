@@ -111,9 +111,16 @@ Tensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937_
   return t;
 }
 
-// Median seconds per call over `repeats` runs after one warm-up call. A run is a block of
-// calls lasting about a millisecond, so that a call of microseconds is not timed alone.
-double time_point(const Point& p, int repeats, int threads) {
+// A point's median seconds per call over `repeats` runs after one warm-up call (a run: a
+// block of calls lasting about a millisecond, so that a call of microseconds is not timed
+// alone); with `beside`, also the median over the runs of the run's K/V GB/s over a
+// stream read timed just before it (the read evicts the caches, so a call after it
+// warms them again, as the first warm-up did).
+struct PointTiming {
+  double seconds = 0;
+  double fraction_beside = 0;  // 0 without `beside`
+};
+PointTiming time_point(const Point& p, int repeats, int threads, bench::StreamReader* beside) {
   std::mt19937_64 rng(1);
   const Tensor q = random_tensor(p.dtype, {p.batch, p.heads_q, p.L, p.E}, rng);
   Tensor k = random_tensor(p.dtype, {p.batch, p.heads_kv, p.S, p.E}, rng);
@@ -139,10 +146,18 @@ double time_point(const Point& p, int repeats, int threads) {
   };
   const double warm = std::min(block(1), block(1));
   const int calls = static_cast<int>(std::clamp(1e-3 / warm, 1.0, 1e5));
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) seconds.push_back(block(calls));
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  std::vector<double> seconds, fractions;
+  for (int r = 0; r < repeats; ++r) {
+    const double stream = beside != nullptr ? beside->read_gbs() : 0;
+    if (beside != nullptr) block(1);
+    seconds.push_back(block(calls));
+    if (stream > 0) fractions.push_back(p.kv_bytes() / seconds.back() / 1e9 / stream);
+  }
+  const auto median = [](std::vector<double>& x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[x.size() / 2];
+  };
+  return {median(seconds), median(fractions)};
 }
 
 // Training: median seconds of the forward (with lse) and of the backward, timed in the
@@ -405,16 +420,21 @@ int bench_command(const BenchArgs& args) {
   if (!args.filter.empty())
     std::erase_if(points, [&](const Point& p) { return p.name().find(args.filter) == std::string::npos; });
   if (args.backward) std::erase_if(points, [](const Point& p) { return p.decode(); });  // training shapes only
+  const bool decoding = std::any_of(points.begin(), points.end(), [](const Point& p) { return p.decode(); });
   // The timings first, the fractions once the probes are measured again.
   std::vector<TrainingSeconds> training(points.size());
-  std::vector<double> seconds(points.size());
+  std::vector<PointTiming> timings(points.size());
+  // The decode points' stream reads beside their runs (one buffer for them all).
+  std::unique_ptr<bench::StreamReader> beside;
+  if (decoding) beside = std::make_unique<bench::StreamReader>(threads);
   for (std::size_t n = 0; n < points.size(); ++n) {
     progress(n, points.size(), points[n].name());
     if (args.backward)
       training[n] = time_training(points[n], args.repeats, threads);
     else
-      seconds[n] = time_point(points[n], args.repeats, threads);
+      timings[n] = time_point(points[n], args.repeats, threads, points[n].decode() ? beside.get() : nullptr);
   }
+  beside.reset();
   progress(points.size(), points.size(), "probing the machine again");
   probes = probe_machine(threads, &probes);
   describe_machine();
@@ -446,21 +466,23 @@ int bench_command(const BenchArgs& args) {
     }
     nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"batch", p.batch}, {"heads_q", p.heads_q},
                           {"heads_kv", p.heads_kv}, {"L", p.L}, {"S", p.S}, {"E", p.E},
-                          {"causal", p.alignment() != Causal::none}, {"int8_kv", p.int8_kv}, {"seconds", seconds[n]}};
+                          {"causal", p.alignment() != Causal::none}, {"int8_kv", p.int8_kv}, {"seconds", timings[n].seconds}};
     char line[200];
+    const double seconds = timings[n].seconds;
     if (p.decode()) {
-      const double gbs = p.kv_bytes() / seconds[n] / 1e9;
+      const double gbs = p.kv_bytes() / seconds / 1e9, beside_read = timings[n].fraction_beside;
       row["gbs"] = gbs;
       row["fraction_of_stream"] = gbs / stream.rate;
-      std::snprintf(line, sizeof line, "%-48s %9.3f ms %8.1f GB/s   %5.1f%% of stream", p.name().c_str(),
-                    seconds[n] * 1e3, gbs, 100 * gbs / stream.rate);
+      row["fraction_of_stream_beside"] = beside_read;
+      std::snprintf(line, sizeof line, "%-48s %9.3f ms %8.1f GB/s   %5.1f%% of stream  %5.1f%% of the read beside",
+                    p.name().c_str(), seconds * 1e3, gbs, 100 * gbs / stream.rate, 100 * beside_read);
     } else {
-      const double gflops = p.flops() / seconds[n] / 1e9;
+      const double gflops = p.flops() / seconds / 1e9;
       const double peak = p.dtype == DType::bfloat16 && bf16.rate > 0 ? bf16.rate : fma.rate;
       row["gflops"] = gflops;
       row["fraction_of_peak"] = gflops / peak;
       std::snprintf(line, sizeof line, "%-48s %9.3f ms %8.1f GFLOP/s %5.1f%% of %s peak", p.name().c_str(),
-                    seconds[n] * 1e3, gflops, 100 * gflops / peak,
+                    seconds * 1e3, gflops, 100 * gflops / peak,
                     p.dtype == DType::bfloat16 && bf16.rate > 0 ? "vdpbf16ps" : "FMA");
     }
     report["points"].push_back(row);
@@ -478,6 +500,9 @@ int bench_command(const BenchArgs& args) {
               fma.rate, fma.what, bf16.rate, stream.rate);
   std::printf("median of %d runs (a run: calls for about a millisecond, per call), B = 1 unless shown, E = Ev\n",
               args.repeats);
+  if (decoding)
+    std::printf("decode: GB/s of K and V, as a fraction of the stream probe and (the median over the runs) of a stream "
+                "read timed just before each run\n");
   if (args.backward) std::printf("forward + backward: backward counted as 2.5x the forward's FLOPs\n");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   return kExitOk;

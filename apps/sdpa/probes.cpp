@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -183,44 +182,61 @@ Probe bf16_dot_peak(int threads) {
   return {4.0 * 16 * kChains * kIterations * threads / seconds / 1e9, "vdpbf16ps zmm (bfloat16 pairs)"};
 }
 
-Probe stream_read(int threads) {
+namespace {
+constexpr std::size_t kCount = std::size_t{1} << 27;  // 512 MiB of float32
+constexpr std::size_t kLine = 16;                     // floats in a 64-byte line
+// Thread t of n reads floats [share_begin(t, n), share_begin(t + 1, n)): each share
+// starts on a line, so no load straddles two.
+std::size_t share_begin(std::size_t t, std::size_t n) { return kCount / kLine * t / n * kLine; }
+}  // namespace
+
+StreamReader::StreamReader(int threads)
+    : threads_(threads), data_(static_cast<float*>(std::aligned_alloc(64, kCount * sizeof(float)))) {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-  const auto sum = avx512 ? stream_sum_avx512 : avx2 ? stream_sum_avx2 : stream_sum_sse2;
-  const std::size_t step = avx512 ? 32 : avx2 ? 16 : 8;  // the floats a stream reads per step
-  constexpr std::size_t kCount = std::size_t{1} << 27;   // 512 MiB of float32
-  constexpr std::size_t kLine = 16;                      // floats in a 64-byte line
-  // 64-byte aligned, and each thread's share starts on a line: no load straddles two.
-  const std::unique_ptr<float[], void (*)(float*)> data(static_cast<float*>(std::aligned_alloc(64, kCount * 4)),
-                                                        [](float* p) { std::free(p); });
-  if (!data) return {0, "streaming read (no memory for its buffer)"};
-  const auto share_begin = [&](std::size_t t, std::size_t n) { return kCount / kLine * t / n * kLine; };
+  sum_ = avx512 ? stream_sum_avx512 : avx2 ? stream_sum_avx2 : stream_sum_sse2;
+  step_ = avx512 ? 32 : avx2 ? 16 : 8;  // the floats a stream reads per step
+  what_ = avx512 ? "sum of 512 MiB float32, 4 streams a thread, zmm loads"
+          : avx2 ? "sum of 512 MiB float32, 4 streams a thread, ymm loads"
+                 : "sum of 512 MiB float32, 4 streams a thread, xmm loads";
+  if (!data_) return;
+  float* data = data_;
 #pragma omp parallel num_threads(threads)
   {
+    // Each thread first touches the pages it will read (its memory node's, where that matters).
     const auto t = static_cast<std::size_t>(omp_get_thread_num()), n = static_cast<std::size_t>(omp_get_num_threads());
     for (std::size_t i = share_begin(t, n); i < share_begin(t + 1, n); ++i) data[i] = static_cast<float>(i & 1023);
   }
-  double best = 0;
-  for (int repeat = 0; repeat < 3; ++repeat) {
-    float total = 0;
-    std::size_t bytes = 0;
-    const auto start = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : total, bytes)
-    {
-      // Each thread its contiguous share, the pages it first touched above.
-      const auto t = static_cast<std::size_t>(omp_get_thread_num()),
-                 n = static_cast<std::size_t>(omp_get_num_threads());
-      const std::size_t begin = share_begin(t, n), share = share_begin(t + 1, n) - begin;
-      total += sum(data.get() + begin, share);
-      bytes += stream_part(share, step) * kStreams * sizeof(float);
-    }
-    const double seconds = seconds_since(start);
-    g_sink = total;
-    best = std::max(best, static_cast<double>(bytes) / seconds / 1e9);
+}
+
+StreamReader::~StreamReader() { std::free(data_); }
+
+double StreamReader::read_gbs() {
+  if (!data_) return 0;
+  float total = 0;
+  std::size_t bytes = 0;
+  const auto sum = sum_;
+  const std::size_t step = step_;
+  const float* data = data_;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads_) reduction(+ : total, bytes)
+  {
+    const auto t = static_cast<std::size_t>(omp_get_thread_num()), n = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t begin = share_begin(t, n), share = share_begin(t + 1, n) - begin;
+    total += sum(data + begin, share);
+    bytes += stream_part(share, step) * kStreams * sizeof(float);
   }
-  return {best, avx512 ? "sum of 512 MiB float32, 4 streams a thread, zmm loads"
-                : avx2 ? "sum of 512 MiB float32, 4 streams a thread, ymm loads"
-                       : "sum of 512 MiB float32, 4 streams a thread, xmm loads"};
+  const double seconds = seconds_since(start);
+  g_sink = total;
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+Probe stream_read(int threads) {
+  StreamReader reader(threads);
+  if (!reader.ready()) return {0, "streaming read (no memory for its buffer)"};
+  double best = 0;
+  for (int repeat = 0; repeat < 3; ++repeat) best = std::max(best, reader.read_gbs());
+  return {best, reader.what()};
 }
 
 }  // namespace sdpa::bench

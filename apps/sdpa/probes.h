@@ -2,6 +2,8 @@
 // quoted as a fraction of what this machine does right now (it is shared and noisy).
 #pragma once
 
+#include <cstddef>
+
 namespace sdpa::bench {
 
 struct Probe {
@@ -15,7 +17,30 @@ Probe fma_peak(int threads);
 // lacks AVX-512 BF16.
 Probe bf16_dot_peak(int threads);
 // Streaming-read bandwidth: `threads` threads summing a buffer much larger than the
-// caches.
+// caches (StreamReader's best of three reads).
 Probe stream_read(int threads);
+
+// The streaming-read probe's buffer (512 MiB), kept to time single reads beside another
+// measurement: on a shared host the memory's speed moves by 2× within minutes (30 to 54
+// GB/s on the Zen 4 of bench/RESULTS.md), so a decode's fraction of a read timed just
+// before it says more about the kernel than its fraction of the probe's best moment.
+class StreamReader {
+ public:
+  explicit StreamReader(int threads);
+  ~StreamReader();
+  StreamReader(const StreamReader&) = delete;
+  StreamReader& operator=(const StreamReader&) = delete;
+
+  bool ready() const { return data_ != nullptr; }  // false: no memory for the buffer
+  double read_gbs();                                // one timed read of the whole buffer (0 if not ready)
+  const char* what() const { return what_; }
+
+ private:
+  int threads_;
+  float* data_;
+  float (*sum_)(const float*, std::size_t) = nullptr;
+  std::size_t step_ = 0;
+  const char* what_ = "";
+};
 
 }  // namespace sdpa::bench
