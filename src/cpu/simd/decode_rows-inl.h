@@ -85,6 +85,32 @@ HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
   }
 }
 
+// Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
+// L2, for rows of unit column stride (others are left to the hardware). The tiles of a
+// task that holds its KV head's whole group of query rows (no other task reads those
+// rows from the cache) request the next tile's rows as a tile starts: the hardware
+// prefetcher alone left them waiting. Zen 4, two threads, float32, GQA 32/8, builds
+// alternating, best calls: L = 16, S = 8192 (64 rows a KV head) 13.4 → 12.5 ms; L = 4,
+// S = 32768 (16 rows) 25.9 → 21.6 ms. Prefill, whose tasks share a head's rows through
+// the cache, does not request them (asked to, it was level).
+inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
+                         std::int64_t width) {
+  if (op.col_stride != 1) return;
+  const auto row = RowAddresses(op, matrix);
+  const std::int64_t bytes = width * static_cast<std::int64_t>(op.element_size);
+  for (std::int64_t c = 0; c < cols; ++c)
+    for (std::int64_t b = 0; b < bytes; b += 64) {
+      const std::byte* line = row(j0 + c) + b;
+#if HWY_ARCH_X86
+      // (asm volatile, not _mm_prefetch: GCC 12 deleted this loop of prefetch builtins
+      // as a loop without effects — the binary had no prefetch in it.)
+      asm volatile("prefetcht1 %0" : : "m"(*line));
+#else
+      hwy::Prefetch(line);
+#endif
+    }
+}
+
 // The kernels take a tile's rows as untyped pointers (one list whatever the dtype);
 // RowAt<T> reads one as a row of T.
 template <class T>

@@ -221,6 +221,7 @@ class Task {
     for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
+      if (whole_group_ && j0 + kKeyTile < end) RequestTile(j0 + kKeyTile, std::min(kKeyTile, end - j0 - kKeyTile));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -263,6 +264,7 @@ class Task {
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
+    whole_group_ = row0 == 0 && row_count == p_.heads_q / p_.heads_kv * p_.L;
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
@@ -275,6 +277,13 @@ class Task {
     dense_group_ = few_keys_ > 0 && few_values_ > 0 && group <= static_cast<std::int64_t>(n_) && !lanewise ? group : 0;
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
+  }
+
+  // Requests the tile of keys [j0, j0 + cols) that the tiles read (K unless the row
+  // kernels read it, which request their own rows ahead; likewise V): PrefetchRows.
+  void RequestTile(std::int64_t j0, std::int64_t cols) const {
+    if (few_keys_ == 0) PrefetchRows(p_.key, kvm_, j0, cols, p_.E);
+    if (few_values_ == 0) PrefetchRows(p_.value, kvm_, j0, cols, p_.Ev);
   }
 
   // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and as
@@ -656,6 +665,7 @@ class Task {
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
+  bool whole_group_ = false;  // the task's rows are its KV head's whole group: RequestTile
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
