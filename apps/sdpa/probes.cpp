@@ -231,8 +231,7 @@ double StreamReader::read_gbs() {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
-Probe stream_read(int threads) {
-  StreamReader reader(threads);
+Probe stream_read(StreamReader& reader) {
   if (!reader.ready()) return {0, "streaming read (no memory for its buffer)"};
   double best = 0;
   for (int repeat = 0; repeat < 3; ++repeat) best = std::max(best, reader.read_gbs());

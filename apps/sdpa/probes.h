@@ -16,10 +16,6 @@ Probe fma_peak(int threads);
 // vdpbf16ps throughput (2 multiply-adds per lane per instruction); rate 0 when the CPU
 // lacks AVX-512 BF16.
 Probe bf16_dot_peak(int threads);
-// Streaming-read bandwidth: `threads` threads summing a buffer much larger than the
-// caches (StreamReader's best of three reads).
-Probe stream_read(int threads);
-
 // The streaming-read probe's buffer (512 MiB), kept to time single reads beside another
 // measurement: on a shared host the memory's speed moves by 2× within minutes (30 to 54
 // GB/s on the Zen 4 of bench/RESULTS.md), so a decode's fraction of a read timed just
@@ -42,5 +38,9 @@ class StreamReader {
   std::size_t step_ = 0;
   const char* what_ = "";
 };
+
+// Streaming-read bandwidth: the reader's threads summing its buffer, much larger than the
+// caches (the best of three reads).
+Probe stream_read(StreamReader& reader);
 
 }  // namespace sdpa::bench

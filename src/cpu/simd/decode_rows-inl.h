@@ -50,7 +50,8 @@ namespace simd {
 constexpr std::int64_t kFewRows = 8;
 
 // The kernels request row c + RowsAhead<T>'s lines while they compute with row c, so the
-// row lists they take hold RowsAhead<T> rows past the tile (the next tile's rows).
+// row lists they take hold RowsAhead<T> rows past the tile (the next tile's rows, for
+// int8 more).
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
 // the next tile's lines at the tile's start (an earlier way) left the two in turn.
 // float32, bfloat16 and float16 rows: a whole key tile ahead (96 rows, 48 KiB for float32
@@ -58,8 +59,8 @@ constexpr std::int64_t kFewRows = 8;
 // with its K (V) rows. At 32 rows ahead, a tile's K rows past its first 32 were
 // requested only 32 rows before their turn, the V phase between having made no K request:
 // an S = 65536 float32 call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms
-// at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128 (bfloat16 15.2 → 14.1 ms; float16, bound by
-// its widening, level). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3 at 128, 96 and
+// at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128 (bfloat16 15.2 → 14.1 ms; float16, builds
+// alternating, 10.8 → 9.9). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3 at 128, 96 and
 // 256 no better: docs/performance.md, "Decoding").
 constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : kKeyTile; }
 template <class T>
@@ -83,32 +84,6 @@ HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
     hwy::Prefetch(row + e);
 #endif
   }
-}
-
-// Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
-// L2, for rows of unit column stride (others are left to the hardware). The tiles of a
-// task that holds its KV head's whole group of query rows (no other task reads those
-// rows from the cache) request the next tile's rows as a tile starts: the hardware
-// prefetcher alone left them waiting. Zen 4, two threads, float32, GQA 32/8, builds
-// alternating, best calls: L = 16, S = 8192 (64 rows a KV head) 13.4 → 12.5 ms; L = 4,
-// S = 32768 (16 rows) 25.9 → 21.6 ms. Prefill, whose tasks share a head's rows through
-// the cache, does not request them (asked to, it was level).
-inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
-                         std::int64_t width) {
-  if (op.col_stride != 1) return;
-  const auto row = RowAddresses(op, matrix);
-  const std::int64_t bytes = width * static_cast<std::int64_t>(op.element_size);
-  for (std::int64_t c = 0; c < cols; ++c)
-    for (std::int64_t b = 0; b < bytes; b += 64) {
-      const std::byte* line = row(j0 + c) + b;
-#if HWY_ARCH_X86
-      // (asm volatile, not _mm_prefetch: GCC 12 deleted this loop of prefetch builtins
-      // as a loop without effects — the binary had no prefetch in it.)
-      asm volatile("prefetcht1 %0" : : "m"(*line));
-#else
-      hwy::Prefetch(line);
-#endif
-    }
 }
 
 // The kernels take a tile's rows as untyped pointers (one list whatever the dtype);

@@ -221,7 +221,8 @@ class Task {
     for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
-      if (whole_group_ && j0 + kKeyTile < end) RequestTile(j0 + kKeyTile, std::min(kKeyTile, end - j0 - kKeyTile));
+      if (const std::int64_t next = j0 + kKeyTile; whole_group_ && next < end)
+        RequestTile(next, std::min(kKeyTile, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -264,7 +265,7 @@ class Task {
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
-    whole_group_ = row0 == 0 && row_count == p_.heads_q / p_.heads_kv * p_.L;
+    whole_group_ = row_count == p_.heads_q / p_.heads_kv * p_.L;  // (row0 is then 0)
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
