@@ -431,8 +431,8 @@ int bench_command(const BenchArgs& args) {
     if (args.backward)
       training[n] = time_training(points[n], args.repeats, threads);
     else
-      timings[n] = time_point(points[n], args.repeats, threads,
-                              points[n].decode() && reader.ready() ? &reader : nullptr);
+      timings[n] =
+          time_point(points[n], args.repeats, threads, points[n].decode() && reader.ready() ? &reader : nullptr);
   }
   progress(points.size(), points.size(), "probing the machine again");
   probes = probe_machine(threads, reader, &probes);
@@ -463,11 +463,18 @@ int bench_command(const BenchArgs& args) {
       lines.emplace_back(line);
       continue;
     }
-    nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"batch", p.batch}, {"heads_q", p.heads_q},
-                          {"heads_kv", p.heads_kv}, {"L", p.L}, {"S", p.S}, {"E", p.E},
-                          {"causal", p.alignment() != Causal::none}, {"int8_kv", p.int8_kv}, {"seconds", timings[n].seconds}};
-    char line[200];
     const double seconds = timings[n].seconds;
+    nlohmann::json row = {{"dtype", dtype_name(p.dtype)},
+                          {"batch", p.batch},
+                          {"heads_q", p.heads_q},
+                          {"heads_kv", p.heads_kv},
+                          {"L", p.L},
+                          {"S", p.S},
+                          {"E", p.E},
+                          {"causal", p.alignment() != Causal::none},
+                          {"int8_kv", p.int8_kv},
+                          {"seconds", seconds}};
+    char line[200];
     if (p.decode()) {
       const double gbs = p.kv_bytes() / seconds / 1e9, beside = timings[n].fraction_beside;
       row["gbs"] = gbs;
@@ -503,8 +510,9 @@ int bench_command(const BenchArgs& args) {
   std::printf("median of %d runs (a run: calls for about a millisecond, per call), B = 1 unless shown, E = Ev\n",
               args.repeats);
   if (decoding)
-    std::printf("decode: GB/s of K and V, as a fraction of the stream probe and (the median over the runs) of a stream "
-                "read timed just before each run\n");
+    std::printf(
+        "decode: GB/s of K and V, as a fraction of the stream probe and (the median over the runs) of a stream "
+        "read timed just before each run\n");
   if (args.backward) std::printf("forward + backward: backward counted as 2.5x the forward's FLOPs\n");
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   return kExitOk;

@@ -28,7 +28,7 @@ class StreamReader {
   StreamReader& operator=(const StreamReader&) = delete;
 
   bool ready() const { return data_ != nullptr; }  // false: no memory for the buffer
-  double read_gbs();                                // one timed read of the whole buffer (0 if not ready)
+  double read_gbs();                               // one timed read of the whole buffer (0 if not ready)
   const char* what() const { return what_; }
 
  private:

@@ -666,7 +666,7 @@ class Task {
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
-  bool whole_group_ = false;  // the task's rows are its KV head's whole group: RequestTile
+  bool whole_group_ = false;                    // the task's rows are its KV head's whole group: RequestTile
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
