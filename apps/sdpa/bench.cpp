@@ -464,16 +464,9 @@ int bench_command(const BenchArgs& args) {
       continue;
     }
     const double seconds = timings[n].seconds;
-    nlohmann::json row = {{"dtype", dtype_name(p.dtype)},
-                          {"batch", p.batch},
-                          {"heads_q", p.heads_q},
-                          {"heads_kv", p.heads_kv},
-                          {"L", p.L},
-                          {"S", p.S},
-                          {"E", p.E},
-                          {"causal", p.alignment() != Causal::none},
-                          {"int8_kv", p.int8_kv},
-                          {"seconds", seconds}};
+    nlohmann::json row = {{"dtype", dtype_name(p.dtype)}, {"batch", p.batch}, {"heads_q", p.heads_q},
+                          {"heads_kv", p.heads_kv}, {"L", p.L}, {"S", p.S}, {"E", p.E},
+                          {"causal", p.alignment() != Causal::none}, {"int8_kv", p.int8_kv}, {"seconds", seconds}};
     char line[200];
     if (p.decode()) {
       const double gbs = p.kv_bytes() / seconds / 1e9, beside = timings[n].fraction_beside;
