@@ -218,10 +218,13 @@ class Task {
     }
     // Only the key tiles some row sees (causal, the sliding window).
     const std::int64_t end = std::min(key_end, key_limit);
+    // The task's rows are its KV head's whole group (row0 is then 0): no other task reads
+    // its K and V rows through the cache, so it requests each next tile (RequestTile).
+    const bool whole_group = row_count == p_.heads_q / p_.heads_kv * p_.L;
     for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
-      if (const std::int64_t next = j0 + kKeyTile; whole_group_ && next < end)
+      if (const std::int64_t next = j0 + kKeyTile; whole_group && next < end)
         RequestTile(next, std::min(kKeyTile, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
@@ -265,7 +268,6 @@ class Task {
   void SetRows(std::int64_t b, std::int64_t head_kv, std::int64_t row0, std::int64_t row_count) {
     b_ = b;
     kvm_ = b * p_.heads_kv + head_kv;
-    whole_group_ = row_count == p_.heads_q / p_.heads_kv * p_.L;  // (row0 is then 0)
     const std::int64_t per_subtile = static_cast<std::int64_t>(s_.rows);
     subtiles_ = (row_count + per_subtile - 1) / per_subtile;
     // Decoding: the in-place kernels (decode_rows-inl.h) for the rows they read.
@@ -666,7 +668,6 @@ class Task {
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
-  bool whole_group_ = false;                    // the task's rows are its KV head's whole group: RequestTile
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
