@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <thread>
 #include <vector>
+
+#include "sdpa/tensor.h"
 
 namespace sdpa::bench {
 
@@ -188,10 +191,20 @@ constexpr std::size_t kLine = 16;                     // floats in a 64-byte lin
 // Thread t of n reads floats [share_begin(t, n), share_begin(t + 1, n)): each share
 // starts on a line, so no load straddles two.
 std::size_t share_begin(std::size_t t, std::size_t n) { return kCount / kLine * t / n * kLine; }
+
+// The buffer on the memory a Tensor's storage gets (huge pages where the kernel gives
+// them), so that the read and the decodes compared with it run on the same kind of pages.
+// Null if there is not enough.
+float* allocate_buffer() {
+  try {
+    return reinterpret_cast<float*>(sdpa::detail::TensorAllocator().allocate(kCount * sizeof(float)));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
 }  // namespace
 
-StreamReader::StreamReader(int threads)
-    : threads_(threads), data_(static_cast<float*>(std::aligned_alloc(64, kCount * sizeof(float)))) {
+StreamReader::StreamReader(int threads) : threads_(threads), data_(allocate_buffer()) {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
   sum_ = avx512 ? stream_sum_avx512 : avx2 ? stream_sum_avx2 : stream_sum_sse2;
@@ -209,7 +222,9 @@ StreamReader::StreamReader(int threads)
   }
 }
 
-StreamReader::~StreamReader() { std::free(data_); }
+StreamReader::~StreamReader() {
+  if (data_) sdpa::detail::TensorAllocator().deallocate(reinterpret_cast<std::byte*>(data_), kCount * sizeof(float));
+}
 
 double StreamReader::read_gbs() {
   if (!data_) return 0;

@@ -36,6 +36,25 @@ struct TensorView {
 // Row-major strides (in elements) of `shape`.
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
 
+namespace detail {
+// Tensor's storage. A buffer of 2 MiB or more is mapped on its own, starts on a 2 MiB
+// boundary and is offered to the kernel's transparent huge pages before its first touch
+// (Linux, madvise MADV_HUGEPAGE: many systems give huge pages only to memory that asks);
+// a smaller one, or elsewhere, comes from operator new. Why: a decode streams K and V
+// through a new 4 KiB page every 32 float32 rows of E = 128, and on 4 KiB pages each
+// costs a TLB walk among the stream's requests (docs/performance.md, "Huge pages").
+struct TensorAllocator {
+  using value_type = std::byte;
+  template <class>
+  struct rebind {  // (libstdc++'s vector asks for its own value type, std::byte)
+    using other = TensorAllocator;
+  };
+  std::byte* allocate(std::size_t bytes);  // throws std::bad_alloc
+  void deallocate(std::byte* data, std::size_t bytes) noexcept;
+  bool operator==(const TensorAllocator&) const = default;
+};
+}  // namespace detail
+
 // An owning, packed, row-major tensor. Convenience for callers and tests; every entry
 // point takes TensorView, so any other storage works as well.
 class Tensor {
@@ -63,7 +82,7 @@ class Tensor {
  private:
   DType dtype_ = DType::float32;
   std::vector<std::int64_t> shape_;
-  std::vector<std::byte> storage_;
+  std::vector<std::byte, detail::TensorAllocator> storage_;
 };
 
 }  // namespace sdpa

@@ -1,6 +1,12 @@
 #include "sdpa/tensor.h"
 
+#include <cstdint>
 #include <cstring>
+#include <new>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "common/element.h"
 #include "sdpa/error.h"
@@ -30,6 +36,49 @@ const char* dtype_name(DType dtype) {
   }
   return "unknown";
 }
+
+namespace detail {
+
+#if defined(__linux__)
+namespace {
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+// The whole huge pages a buffer of `bytes` spans (bytes < SIZE_MAX − kHugePage).
+std::size_t huge_page_span(std::size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+}  // namespace
+#endif
+
+std::byte* TensorAllocator::allocate(std::size_t bytes) {
+#if defined(__linux__)
+  if (bytes >= kHugePage) {
+    if (bytes > SIZE_MAX / 2) throw std::bad_alloc();
+    // Mapped with a huge page's slack, then trimmed to start on a huge page's boundary:
+    // the kernel gives a huge page only to a whole aligned 2 MiB of a region.
+    const std::size_t length = huge_page_span(bytes), mapped_length = length + kHugePage;
+    void* mapped = mmap(nullptr, mapped_length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) throw std::bad_alloc();
+    const auto first = reinterpret_cast<std::uintptr_t>(mapped);
+    const std::uintptr_t start = (first + kHugePage - 1) / kHugePage * kHugePage, end = start + length;
+    if (start > first) munmap(mapped, start - first);
+    if (first + mapped_length > end) munmap(reinterpret_cast<void*>(end), first + mapped_length - end);
+    // A hint: where huge pages are off (or this kernel has none), the buffer keeps 4 KiB pages.
+    madvise(reinterpret_cast<void*>(start), length, MADV_HUGEPAGE);
+    return reinterpret_cast<std::byte*>(start);
+  }
+#endif
+  return static_cast<std::byte*>(::operator new(bytes));
+}
+
+void TensorAllocator::deallocate(std::byte* data, std::size_t bytes) noexcept {
+#if defined(__linux__)
+  if (bytes >= kHugePage) {
+    munmap(data, huge_page_span(bytes));
+    return;
+  }
+#endif
+  ::operator delete(data);
+}
+
+}  // namespace detail
 
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
   std::vector<std::int64_t> strides(shape.size());
