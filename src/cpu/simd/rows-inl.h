@@ -221,6 +221,10 @@ inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j
   // float32 (validated), at any address: the bytes, with no dtype switch or page lookup
   // per scale where not paged (the two cost an int8 decode ~8 % of its time).
   const auto row = RowAddresses(scale, matrix);
+  if (!scale.paged() && scale.row_stride == 1) {  // a cache's (B, Hkv, S) scales: one run
+    std::memcpy(out, row(j0), static_cast<std::size_t>(cols) * sizeof(float));
+    return;
+  }
   for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, row(j0 + c), sizeof(float));
 }
 
