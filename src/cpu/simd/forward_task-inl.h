@@ -224,8 +224,11 @@ class Task {
     for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
       const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
-      if (const std::int64_t next = j0 + kKeyTile; whole_group && next < end)
-        RequestTile(next, std::min(kKeyTile, end - next));
+      const std::int64_t next = j0 + kKeyTile;
+      const bool request = whole_group && next < end;
+      key_ahead_ = request && few_keys_ == 0 && TileKernelsRequest(p_.key) ? kKeyTile * p_.key.row_stride : 0;
+      value_ahead_ = request && few_values_ == 0 && TileKernelsRequest(p_.value) ? kKeyTile * p_.value.row_stride : 0;
+      if (request) RequestTile(next, std::min(kKeyTile, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -282,12 +285,21 @@ class Task {
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
 
-  // Requests the tile of keys [j0, j0 + cols) that the tiles read (K unless the row
-  // kernels read it, which request their own rows ahead; likewise V): PrefetchRows.
+  // Requests the tile of keys [j0, j0 + cols) that the tiles read, in one burst
+  // (PrefetchRows): K unless the row kernels read it, or the tile kernels read its rows
+  // in place and so request them themselves (key_ahead_); likewise V.
   void RequestTile(std::int64_t j0, std::int64_t cols) const {
-    if (few_keys_ == 0) PrefetchRows(p_.key, kvm_, j0, cols, p_.E);
-    if (few_values_ == 0) PrefetchRows(p_.value, kvm_, j0, cols, p_.Ev);
+    if (few_keys_ == 0 && key_ahead_ == 0) PrefetchRows(p_.key, kvm_, j0, cols, p_.E);
+    if (few_values_ == 0 && value_ahead_ == 0) PrefetchRows(p_.value, kvm_, j0, cols, p_.Ev);
   }
+
+  // Whether the float32 tile kernels read op's rows in place (KeyValueRows: no copy), so
+  // that a row's line of the next tile lies a fixed stride on and they can request it as
+  // they read the row's own: requests spread over the arithmetic, where a burst of the
+  // whole next tile at the tile's start (768 lines a K or V tile at E = 128) held the
+  // core until most of its lines had come (GQA 32/8, L = 4, S = 32768: see
+  // docs/performance.md, "Decoding").
+  bool TileKernelsRequest(const Operand& op) const { return !bf16_ && FloatRows(op); }
 
   // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and as
   // many more as its kernels request ahead (RowsAhead): the next rows, or (past this
@@ -405,7 +417,7 @@ class Task {
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows,
                           static_cast<std::int64_t>(s_.rows));
     } else {
-      ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows);
+      ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows, key_ahead_);
     }
     // int8 K: s_j = scale_k[j] · (q · q_j), the scale once per score, not per element.
     if (k_scale != nullptr && few_keys_ == 0) ScaleColumns(st, s_.rows, cols, k_scale);
@@ -546,7 +558,7 @@ class Task {
       return;
     }
     simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows,
-                               overwrite);
+                               overwrite, value_ahead_);
   }
 
   void ZeroOutputs(Subtile& t) const {
@@ -671,6 +683,9 @@ class Task {
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
+  // The current tile's requests of the next one by the float32 tile kernels, in floats
+  // from a row to its next tile's (0: none; TileKernelsRequest).
+  std::int64_t key_ahead_ = 0, value_ahead_ = 0;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
 };
 

@@ -16,6 +16,9 @@
 #include <type_traits>
 
 #include "hwy/highway.h"
+#if HWY_ARCH_X86
+#include <xmmintrin.h>  // _mm_prefetch (RequestLine)
+#endif
 // Per-target headers go after highway.h.
 #include "cpu/simd/exp2-inl.h"
 
@@ -47,6 +50,23 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 constexpr double kLog2e = 1.4426950408889634;
 
 inline std::int64_t RoundUp(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Requests the 64-byte line at `at` into L2 (prefetcht1, not hwy::Prefetch's prefetcht0:
+// on the Zen 4 of bench/RESULTS.md a request into L1 holds one of its few miss buffers
+// until the line arrives, and with the memory slow a one-thread float32 decode read
+// 9.3 GB/s that way against 16–17 into L2). For kernels that request rows among their
+// loads (GCC keeps a prefetch builtin there; a loop of nothing but builtins it deleted:
+// PrefetchRows in rows-inl.h).
+HWY_INLINE void RequestLine(const void* at) {
+#if HWY_ARCH_X86
+  _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T1);
+#else
+  hwy::Prefetch(at);
+#endif
+}
+
+// Floats in a 64-byte line: a row's requests are this many elements apart.
+constexpr std::int64_t kLineFloats = 16;
 
 // The online softmax's next reference m (log2 units) for rows whose old reference is
 // m_old and whose scores so far peak at m_max (≥ m_old: the old m included) —
@@ -83,10 +103,12 @@ HWY_INLINE SoftmaxReference NextReference(VF m_old, VF m_max) {
 // from V and dOᵀ. Only the first `valid` rows of k are read: a key c ≥ valid reads row
 // valid − 1 again (its column is the caller's to overwrite), so the last, partial block
 // of a tile needs neither a zero-padded copy of K nor rows past its end.
-template <std::size_t Vectors = 2, std::size_t Keys = kKeyBlockOf<Vectors>>
+// kRequest: each row's line `ahead` floats further on (the next tile's row, for the
+// forward's Task) is requested as the row's own line starts (TileRequests).
+template <std::size_t Vectors = 2, std::size_t Keys = kKeyBlockOf<Vectors>, bool kRequest = false>
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
                            std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride,
-                           std::size_t valid = Keys) {
+                           std::size_t valid = Keys, std::int64_t ahead = 0) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
   const float* key_row[Keys];
@@ -96,6 +118,9 @@ HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::
   for (std::size_t v = 0; v < Vectors; ++v)
     for (std::size_t c = 0; c < Keys; ++c) acc[v][c] = hn::Zero(df);
   for (std::int64_t e = 0; e < E; ++e) {
+    if constexpr (kRequest)
+      if (e % kLineFloats == 0)
+        for (std::size_t c = 0; c < Keys; ++c) RequestLine(key_row[c] + ahead + e);
     VF q[Vectors];
     for (std::size_t v = 0; v < Vectors; ++v) q[v] = hn::Load(df, qt + e * rows + v * N);
     _Pragma("GCC unroll 16") for (std::size_t c = 0; c < Keys; ++c) {
@@ -127,34 +152,48 @@ constexpr std::int64_t ScoreTileColumns(std::int64_t cols) {
 // Sᵀ for keys [0, cols) of a tile (K rows k, k_stride apart) into st, columns st_stride
 // apart: whole blocks of kKeyBlockOf<Vectors> keys, then the rest in one block
 // (TailBlock) that reads only rows < cols. Columns [cols, ScoreTileColumns(cols)) get
-// scores of a repeated row, for the caller to overwrite.
-template <std::size_t Vectors = 2>
-HWY_INLINE void ScoreTile(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
-                          std::int64_t k_stride, std::int64_t cols, float* HWY_RESTRICT st, std::size_t st_stride) {
+// scores of a repeated row, for the caller to overwrite. ahead ≠ 0: each row's line that
+// many floats further on is requested as the kernel reaches the row's own (ScoreBlock).
+template <std::size_t Vectors = 2, bool kRequest = false>
+HWY_INLINE void ScoreTileBlocks(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E,
+                                const float* HWY_RESTRICT k, std::int64_t k_stride, std::int64_t cols,
+                                float* HWY_RESTRICT st, std::size_t st_stride, std::int64_t ahead) {
   constexpr auto kKeys = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
+  constexpr std::size_t kWhole = kKeyBlockOf<Vectors>;
   std::int64_t c = 0;
   for (; c + kKeys <= cols; c += kKeys)
-    ScoreBlock<Vectors>(qt, rows, E, k + c * k_stride, k_stride, st + c * st_stride, st_stride);
+    ScoreBlock<Vectors, kWhole, kRequest>(qt, rows, E, k + c * k_stride, k_stride, st + c * st_stride, st_stride,
+                                          kWhole, ahead);
   const auto rest = static_cast<std::size_t>(cols - c);
   const float* k_rest = k + c * k_stride;
   float* st_rest = st + c * st_stride;
   const std::int64_t tail = TailBlock<Vectors>(cols);
   if (tail == 4)
-    ScoreBlock<Vectors, 4>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
+    ScoreBlock<Vectors, 4, kRequest>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest, ahead);
   else if (tail == 8)
-    ScoreBlock<Vectors, 8>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
+    ScoreBlock<Vectors, 8, kRequest>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest, ahead);
   else if (tail > 0)
-    ScoreBlock<Vectors>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest);
+    ScoreBlock<Vectors, kWhole, kRequest>(qt, rows, E, k_rest, k_stride, st_rest, st_stride, rest, ahead);
+}
+template <std::size_t Vectors = 2>
+HWY_INLINE void ScoreTile(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
+                          std::int64_t k_stride, std::int64_t cols, float* HWY_RESTRICT st, std::size_t st_stride,
+                          std::int64_t ahead = 0) {
+  if (ahead != 0)
+    ScoreTileBlocks<Vectors, true>(qt, rows, E, k, k_stride, cols, st, st_stride, ahead);
+  else
+    ScoreTileBlocks<Vectors, false>(qt, rows, E, k, k_stride, cols, st, st_stride, 0);
 }
 
 // ot[d·rows + ·] += Σ_c v[c·v_stride + d] · pt[c·pt_stride + ·] for `Block` dims d and
 // a subtile's `Vectors` row vectors: the forward's Oᵀ += V-broadcast ⊗ Pᵀ; the backward's
 // dQᵀ += K-broadcast ⊗ dSᵀ. With `overwrite`, ot's old values are not read (= instead of
-// +=, as if they were +0: the same bits).
-template <std::size_t Block, std::size_t Vectors = 2>
+// +=, as if they were +0: the same bits). kRequest: the line `ahead` floats past each
+// key's dims is requested as they are read (the next tile's row, for the forward's Task).
+template <std::size_t Block, std::size_t Vectors = 2, bool kRequest = false>
 HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_stride, std::int64_t cols,
                                 const float* HWY_RESTRICT v, std::int64_t v_stride, float* HWY_RESTRICT ot,
-                                std::size_t rows, bool overwrite = false) {
+                                std::size_t rows, bool overwrite = false, std::int64_t ahead = 0) {
   const DF df;
   const std::size_t N = hn::Lanes(df);
   VF acc[Vectors][Block];
@@ -162,6 +201,7 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
     for (std::size_t w = 0; w < Vectors; ++w)
       acc[w][d] = overwrite ? hn::Zero(df) : hn::Load(df, ot + d * rows + w * N);
   for (std::int64_t c = 0; c < cols; ++c) {
+    if constexpr (kRequest) RequestLine(v + c * v_stride + ahead);
     VF p[Vectors];
     for (std::size_t w = 0; w < Vectors; ++w) p[w] = hn::Load(df, pt + c * pt_stride + w * N);
     _Pragma("GCC unroll 16") for (std::size_t d = 0; d < Block; ++d) {
@@ -181,25 +221,39 @@ HWY_INLINE void AccumulateBlock(const float* HWY_RESTRICT pt, std::size_t pt_str
 // FMAs with D = 8, 38 per 24 with D = 12, and a core that issues 4 instructions and 2
 // FMAs a cycle gets closer to its FMA rate the fewer there are per FMA (bench/RESULTS.md:
 // D = 12 made P·V 8 % faster in isolation on a Cascade Lake Xeon, a whole call 1–3.5 %).
-template <std::size_t Vectors = 2>
-inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v, std::int64_t v_stride,
-                       std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false) {
+template <std::size_t Vectors = 2, bool kRequest = false>
+inline void AccumulateDims(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v,
+                           std::int64_t v_stride, std::int64_t dims, float* ot, std::size_t rows, bool overwrite,
+                           std::int64_t ahead) {
   constexpr std::size_t kBlock = Vectors == 1 ? 2 * kValueBlock : Vectors == 2 ? kValueBlock * 3 / 2 : kValueBlock;
   std::int64_t d = 0;
   for (; d + static_cast<std::int64_t>(kBlock) <= dims; d += kBlock)
-    AccumulateBlock<kBlock, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
+    AccumulateBlock<kBlock, Vectors, kRequest>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite,
+                                               ahead);
   const auto narrower_block = [&](auto width) {
     constexpr std::size_t kWidth = decltype(width)::value;
     if constexpr (kWidth < kBlock) {
       if (d + static_cast<std::int64_t>(kWidth) > dims) return;
-      AccumulateBlock<kWidth, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
+      AccumulateBlock<kWidth, Vectors, kRequest>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite,
+                                                 ahead);
       d += kWidth;
     }
   };
   narrower_block(std::integral_constant<std::size_t, 8>());
   narrower_block(std::integral_constant<std::size_t, 4>());
   for (; d < dims; ++d)
-    AccumulateBlock<1, Vectors>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite);
+    AccumulateBlock<1, Vectors, kRequest>(pt, pt_stride, cols, v + d, v_stride, ot + d * rows, rows, overwrite, ahead);
+}
+// ahead ≠ 0: the line that many floats past each key's dims is requested as they are
+// read (AccumulateBlock).
+template <std::size_t Vectors = 2>
+inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v, std::int64_t v_stride,
+                       std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false,
+                       std::int64_t ahead = 0) {
+  if (ahead != 0)
+    AccumulateDims<Vectors, true>(pt, pt_stride, cols, v, v_stride, dims, ot, rows, overwrite, ahead);
+  else
+    AccumulateDims<Vectors, false>(pt, pt_stride, cols, v, v_stride, dims, ot, rows, overwrite, 0);
 }
 
 // The backward's rank updates: dK, dV accumulate kRankKeys keys × up to 4 vectors of
