@@ -26,10 +26,12 @@ SDPA_BF16_TARGET inline __m512bh broadcast_pair(const std::uint16_t* pair) {
 // against one broadcast pair of b — times `scale` when not Add. Scores: a = Q pairs, b = K
 // rows; P·V and dQ: a = P (dS) pairs, b = V (K) pairs; dK, dV: a = Q (dO) row pairs,
 // b = dSᵀ (Wᵀ).
-template <int I, int V, bool Add>
+// kRequest (scores): each item's line `ahead` elements on is requested as the steps reach
+// its own (b's rows read along their pairs, a line every 16 steps).
+template <int I, int V, bool Add, bool kRequest = false>
 SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_step, const std::uint16_t* b,
                                         std::int64_t b_item, std::int64_t b_step, std::int64_t steps, float* out,
-                                        std::int64_t out_item, float scale = 1.0f) {
+                                        std::int64_t out_item, float scale = 1.0f, std::int64_t ahead = 0) {
   // Every loop over the accumulators fully unrolled: GCC otherwise keeps them in a stack
   // array as well, and zeroes, stores and reloads it around the loop on each call (7 %
   // of a 64-step score block on Zen 4). The pragmas' counts bound the block.
@@ -40,6 +42,10 @@ SDPA_BF16_TARGET inline void OuterBlock(const std::uint16_t* a, std::int64_t a_s
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[i][v] = Add ? _mm512_loadu_ps(out + i * out_item + v * 16) : _mm512_setzero_ps();
   for (std::int64_t s = 0; s < steps; ++s) {
+    if constexpr (kRequest)
+      if (s % 16 == 0)
+        for (int i = 0; i < I; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(b + i * b_item + s * b_step + ahead), _MM_HINT_T1);
     __m512bh x[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) x[v] = as_bh(_mm512_loadu_si512(a + s * a_step + v * 32));
@@ -141,8 +147,12 @@ bool supported() {
 }
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,
-                                  std::int64_t k_stride, float scale, float* st, std::int64_t st_stride) {
-  OuterBlock<kKeyBlock, 2, false>(qp, 2 * kRows, k, k_stride, 2, pairs, st, st_stride, scale);
+                                  std::int64_t k_stride, float scale, float* st, std::int64_t st_stride,
+                                  std::int64_t ahead) {
+  if (ahead != 0)
+    OuterBlock<kKeyBlock, 2, false, true>(qp, 2 * kRows, k, k_stride, 2, pairs, st, st_stride, scale, ahead);
+  else
+    OuterBlock<kKeyBlock, 2, false>(qp, 2 * kRows, k, k_stride, 2, pairs, st, st_stride, scale);
 }
 
 SDPA_BF16_TARGET void pack_pairs(const float* x, std::int64_t stride, std::int64_t pairs, std::int64_t width,
@@ -173,8 +183,8 @@ SDPA_BF16_TARGET void round_floats(const float* x, std::int64_t n, std::uint16_t
   }
 }
 
-SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols,
-                                  std::int64_t Ev, std::uint16_t* vp) {
+SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols, std::int64_t Ev,
+                                  std::uint16_t* vp, std::int64_t ahead) {
   // permutex2var picks from (a, b) with index bit 5 choosing b: low and high halves of
   // the interleave (a0 b0 a1 b1 ... a31 b31).
   const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
@@ -189,6 +199,10 @@ SDPA_BF16_TARGET void pack_values(const std::uint16_t* v, std::int64_t v_stride,
       const __mmask32 in_mask = n == 32 ? 0xffffffffu : ((1u << n) - 1);
       const __m512i va = _mm512_maskz_loadu_epi16(in_mask, a + d);
       const __m512i vb = b ? _mm512_maskz_loadu_epi16(in_mask, b + d) : _mm512_setzero_si512();
+      if (ahead != 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(a + d + ahead), _MM_HINT_T1);
+        if (b) _mm_prefetch(reinterpret_cast<const char*>(b + d + ahead), _MM_HINT_T1);
+      }
       const __m512i lo = _mm512_permutex2var_epi16(va, low, vb), hi = _mm512_permutex2var_epi16(va, high, vb);
       const std::int64_t lo_n = n < 16 ? 2 * n : 32, hi_n = n > 16 ? 2 * (n - 16) : 0;
       _mm512_mask_storeu_epi16(out + 2 * d, lo_n == 32 ? 0xffffffffu : ((1u << lo_n) - 1), lo);
@@ -207,10 +221,10 @@ SDPA_BF16_TARGET void accumulate(const std::uint16_t* pp, std::int64_t col_pairs
 
 void accumulate_keys(const float* pt, std::int64_t pt_stride, std::int64_t cols, std::int64_t tile_cols,
                      const std::uint16_t* v, std::int64_t v_stride, std::int64_t Ev, std::uint16_t* pp,
-                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot) {
+                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot, std::int64_t ahead) {
   const std::int64_t pack_rows = cols % 2 ? cols : tile_cols;
   if (*packed_rows != pack_rows) {
-    pack_values(v, v_stride, pack_rows, Ev, vp);
+    pack_values(v, v_stride, pack_rows, Ev, vp, ahead);
     *packed_rows = pack_rows;
   }
   const std::int64_t pairs = (cols + 1) / 2;

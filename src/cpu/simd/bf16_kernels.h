@@ -27,9 +27,11 @@ constexpr int kValueBlock = 8; // value dims per accumulate register block
 bool supported();
 
 // st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
-// are `pairs` bf16 pairs long (even E), k_stride elements apart.
+// are `pairs` bf16 pairs long (even E), k_stride elements apart. ahead ≠ 0: each row's
+// line that many elements on (the next tile's row) is requested into L2 as the block
+// reaches the row's own.
 void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k, std::int64_t k_stride,
-                 float scale, float* st, std::int64_t st_stride);
+                 float scale, float* st, std::int64_t st_stride, std::int64_t ahead = 0);
 
 // out[p][w][2] = (x[2p][w], x[2p+1][w]) rounded to bfloat16, for `pairs` pairs of float32
 // rows `stride` apart and w < width (a multiple of 16). pp from Sᵀ's columns (width kRows),
@@ -45,9 +47,9 @@ void pack_along_width(float* xt, std::int64_t width, std::int64_t rows, std::uin
 void round_floats(const float* x, std::int64_t n, std::uint16_t* out);
 
 // vp from `cols` rows of V (bf16, unit column stride, v_stride apart); a missing odd
-// row is zero.
-void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols, std::int64_t Ev,
-                 std::uint16_t* vp);
+// row is zero. ahead ≠ 0: each line read requests the line that many elements on.
+void pack_values(const std::uint16_t* v, std::int64_t v_stride, std::int64_t cols, std::int64_t Ev, std::uint16_t* vp,
+                 std::int64_t ahead = 0);
 
 // ot[d][r] += Σ_{c/2} dot(pp[c/2][r], vp[c/2][d]) for all Ev value dims.
 void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint16_t* vp, std::int64_t Ev,
@@ -58,10 +60,10 @@ void accumulate(const std::uint16_t* pp, std::int64_t col_pairs, const std::uint
 // pp: P·V, or dQ's dS·K. The key pairs stop at cols: an odd count packs its last key with
 // a zero partner, so a key past it (P = 0, V perhaps NaN) adds no 0 · V. V is packed into
 // vp only when *packed_rows (the rows vp holds; 0 for none) is not what cols needs, so
-// the calls of a tile share one packing.
+// the calls of a tile share one packing (which passes `ahead` to pack_values).
 void accumulate_keys(const float* pt, std::int64_t pt_stride, std::int64_t cols, std::int64_t tile_cols,
                      const std::uint16_t* v, std::int64_t v_stride, std::int64_t Ev, std::uint16_t* pp,
-                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot);
+                     std::uint16_t* vp, std::int64_t* packed_rows, float* ot, std::int64_t ahead = 0);
 
 constexpr int kRankKeys = 6;  // keys per rank_update call
 

@@ -299,7 +299,12 @@ class Task {
   // whole next tile at the tile's start (768 lines a K or V tile at E = 128) held the
   // core until most of its lines had come (GQA 32/8, L = 4, S = 32768: see
   // docs/performance.md, "Decoding").
-  bool TileKernelsRequest(const Operand& op) const { return !bf16_ && FloatRows(op); }
+  // bfloat16 rows likewise (Bf16Rows in place: K of an even E; its V rows are read once a
+  // tile, into pairs, by pack_values).
+  bool TileKernelsRequest(const Operand& op) const {
+    if (!bf16_) return FloatRows(op);
+    return op.dtype == DType::bfloat16 && op.col_stride == 1 && !op.paged() && (&op != &p_.key || p_.E % 2 == 0);
+  }
 
   // The decode row kernels' row pointers: rows [j0, j0 + cols) of op in place, and as
   // many more as its kernels request ahead (RowsAhead): the next rows, or (past this
@@ -415,7 +420,7 @@ class Task {
     } else if (bf16_) {
       for (std::int64_t c = 0; c < padded; c += bf16::kKeyBlock)
         bf16::score_block(t.qp.get(), (p_.E + 1) / 2, k.bf16 + c * k.stride, k.stride, scale, st + c * s_.rows,
-                          static_cast<std::int64_t>(s_.rows));
+                          static_cast<std::int64_t>(s_.rows), key_ahead_);
     } else {
       ScoreTile<kVectors>(t.qt.get(), s_.rows, p_.E, k.f32, k.stride, cols, st, s_.rows, key_ahead_);
     }
@@ -554,7 +559,7 @@ class Task {
     if (p_.value_scale.present()) ScaleColumns(s_.st.get(), s_.rows, cols, s_.v_scale.get());
     if (bf16_) {
       bf16::accumulate_keys(s_.st.get(), bf16::kRows, cols, tile_cols, values_.bf16, values_.stride, p_.Ev, s_.pp.get(),
-                            s_.vp.get(), &packed_value_rows_, t.ot.get());
+                            s_.vp.get(), &packed_value_rows_, t.ot.get(), value_ahead_);
       return;
     }
     simd::Accumulate<kVectors>(s_.st.get(), s_.rows, cols, values_.f32, values_.stride, p_.Ev, t.ot.get(), s_.rows,

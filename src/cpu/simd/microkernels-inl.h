@@ -248,8 +248,7 @@ inline void AccumulateDims(const float* pt, std::size_t pt_stride, std::int64_t 
 // read (AccumulateBlock).
 template <std::size_t Vectors = 2>
 inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols, const float* v, std::int64_t v_stride,
-                       std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false,
-                       std::int64_t ahead = 0) {
+                       std::int64_t dims, float* ot, std::size_t rows, bool overwrite = false, std::int64_t ahead = 0) {
   if (ahead != 0)
     AccumulateDims<Vectors, true>(pt, pt_stride, cols, v, v_stride, dims, ot, rows, overwrite, ahead);
   else
