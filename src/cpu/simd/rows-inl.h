@@ -38,14 +38,15 @@ inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
 }
 
 // Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
-// L2, for rows of unit column stride (others are left to the hardware). A task whose rows
-// are its KV head's whole group of query rows (no other task reads those rows through the
-// cache: a decode of 9 or more rows a KV head, a short chunk of a prefill) requests its
-// next tile's rows as a tile starts; the hardware prefetcher alone left them waiting.
-// Zen 4, two threads, float32, builds alternating, best calls: GQA 32/8, L = 16, S = 8192
-// (64 rows a KV head) 13.07–14.06 → 12.51–12.80 ms; L = 4, S = 32768 (16 rows)
-// 25.1–27.8 → 20.9–22.2 ms; L = S = 64 (B = 8, H = 12) and L = 64, S = 8192 (H = 32)
-// level (bench/RESULTS.md).
+// L2 in one burst, for rows of unit column stride (others are left to the hardware). A
+// task whose rows are its KV head's whole group of query rows (no other task reads those
+// rows through the cache: a decode of 9 or more rows a KV head, a short chunk of a
+// prefill) requests its next tile's rows as a tile starts, where the tile kernels do not
+// request them themselves as they compute (rows they read in place: Task's
+// TileKernelsRequest) — rows that a tile copies or converts (float16, strided, paged).
+// The hardware prefetcher alone left them waiting: Zen 4, two threads, float32 (before
+// the tile kernels requested), GQA 32/8, L = 16, S = 8192 13.07–14.06 → 12.51–12.80 ms;
+// L = 4, S = 32768 25.1–27.8 → 20.9–22.2 ms (bench/RESULTS.md).
 inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                          std::int64_t width) {
   if (op.col_stride != 1) return;
