@@ -41,7 +41,7 @@ namespace detail {
 // boundary and is offered to the kernel's transparent huge pages before its first touch
 // (Linux, madvise MADV_HUGEPAGE: many systems give huge pages only to memory that asks);
 // a smaller one, or elsewhere, comes from operator new. Why: a decode streams K and V
-// through a new 4 KiB page every 32 float32 rows of E = 128, and on 4 KiB pages each
+// through a new 4 KiB page every 8 float32 rows of E = 128, and on 4 KiB pages each
 // costs a TLB walk among the stream's requests (docs/performance.md, "Huge pages").
 struct TensorAllocator {
   using value_type = std::byte;

@@ -226,8 +226,14 @@ class Task {
       const KeyRows k = LoadKeys(j0, tile_cols, end);
       const std::int64_t next = j0 + kKeyTile;
       const bool request = whole_group && next < end;
-      key_ahead_ = request && few_keys_ == 0 && TileKernelsRequest(p_.key) ? kKeyTile * p_.key.row_stride : 0;
-      value_ahead_ = request && few_values_ == 0 && TileKernelsRequest(p_.value) ? kKeyTile * p_.value.row_stride : 0;
+      // (The kernels request row c + kKeyTile for each row c: only a whole next tile,
+      // so that no request passes the task's keys; a partial one takes the burst.)
+      const bool whole_next = next + kKeyTile <= end;
+      key_ahead_ =
+          request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? kKeyTile * p_.key.row_stride : 0;
+      value_ahead_ = request && whole_next && few_values_ == 0 && TileKernelsRequest(p_.value)
+                         ? kKeyTile * p_.value.row_stride
+                         : 0;
       if (request) RequestTile(next, std::min(kKeyTile, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
@@ -688,8 +694,8 @@ class Task {
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
-  // The current tile's requests of the next one by the float32 tile kernels, in floats
-  // from a row to its next tile's (0: none; TileKernelsRequest).
+  // The current tile's requests of the next one by the tile kernels, in elements of the
+  // operand's dtype from a row to its next tile's (0: none; TileKernelsRequest).
   std::int64_t key_ahead_ = 0, value_ahead_ = 0;
   std::int64_t packed_value_rows_ = 0;  // bfloat16: V rows packed in pairs in s_.vp
 };
