@@ -33,9 +33,6 @@
 
 #include "common/problem.h"
 #include "hwy/highway.h"
-#if HWY_ARCH_X86
-#include <xmmintrin.h>  // _mm_prefetch (PrefetchLine)
-#endif
 // Per-target headers go after highway.h.
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
@@ -70,20 +67,11 @@ constexpr std::int64_t RowsAhead() {
 constexpr std::int64_t kMaxRowsAhead = std::max({RowsAheadOf(1), RowsAheadOf(2), RowsAheadOf(4)});
 
 // Requests the 64-byte line of row[e] into L2 if e starts one (e: a multiple of the
-// lanes). Into L2, not L1 (prefetcht1, not hwy::Prefetch's prefetcht0): on the Zen 4 of
-// bench/RESULTS.md, a request into L1 holds one of its few miss buffers until the line
-// arrives, and with the memory slow (the host's neighbours busy) a one-thread float32
-// decode read 9.3 GB/s that way against 16–17 into L2 (and 17.5 either way when fast).
+// lanes): RequestLine, microkernels-inl.h (why L2, not L1).
 template <class T>
 HWY_INLINE void PrefetchLine(const T* row, std::int64_t e) {
   constexpr std::int64_t kPerLine = 64 / static_cast<std::int64_t>(sizeof(T));
-  if (static_cast<std::int64_t>(hn::Lanes(DF())) >= kPerLine || e % kPerLine == 0) {
-#if HWY_ARCH_X86
-    _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T1);
-#else
-    hwy::Prefetch(row + e);
-#endif
-  }
+  if (static_cast<std::int64_t>(hn::Lanes(DF())) >= kPerLine || e % kPerLine == 0) RequestLine(row + e);
 }
 
 // The kernels take a tile's rows as untyped pointers (one list whatever the dtype);
