@@ -521,7 +521,8 @@ def rate(p: Point, seconds: float, machine: dict) -> tuple[str, float | None]:
         return f"{gbs:.1f} GB/s", (gbs / peak if peak else None)
     gflops = p.flops() / seconds / 1e9
     peak = machine.get("fma_peak_gflops")
-    if p.dtype == "bfloat16" and machine.get("bf16_dot_peak_gflops"):
+    # bfloat16: the probe of the arithmetic sdpa runs it on (vdpbf16ps, or FMA where it widens).
+    if p.dtype == "bfloat16" and machine.get("bf16_on_vdpbf16ps", True) and machine.get("bf16_dot_peak_gflops"):
         peak = machine["bf16_dot_peak_gflops"]
     return f"{gflops:.1f} GFLOP/s", (gflops / peak if peak else None)
 
@@ -544,8 +545,13 @@ def print_tables(rows, machine, args, cxx):
           f"{args.threads} threads; {cpu_model()}")
     if machine:
         bf16 = machine["bf16_dot_peak_gflops"]
-        print(f"probes: FMA {machine['fma_peak_gflops']:.1f} GFLOP/s, vdpbf16ps "
-              f"{f'{bf16:.1f} GFLOP/s' if bf16 else 'none on this CPU (bfloat16 points: % of FMA)'}, "
+        if not bf16:
+            bf16_text = "none on this CPU (bfloat16 points: % of FMA)"
+        elif not machine.get("bf16_on_vdpbf16ps", True):
+            bf16_text = f"{bf16:.1f} GFLOP/s (slower than FMA here: sdpa widens bfloat16, its points are % of FMA)"
+        else:
+            bf16_text = f"{bf16:.1f} GFLOP/s"
+        print(f"probes: FMA {machine['fma_peak_gflops']:.1f} GFLOP/s, vdpbf16ps {bf16_text}, "
               f"stream read {machine['stream_read_gbs']:.1f} GB/s")
     print(f"median of {args.rounds} rounds of ≥ {args.block:g} s blocks per implementation, taking turns")
     print()

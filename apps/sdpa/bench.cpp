@@ -412,9 +412,13 @@ int bench_command(const BenchArgs& args) {
 
   nlohmann::json report;
   const auto describe_machine = [&] {
-    report["machine"] = {{"cpu_features", info.cpu_features},  {"kernel", info.cpu_kernel},
-                         {"threads", threads},                 {"fma_peak_gflops", probes.fma.rate},
-                         {"bf16_dot_peak_gflops", probes.bf16.rate}, {"stream_read_gbs", probes.stream.rate}};
+    report["machine"] = {{"cpu_features", info.cpu_features},
+                         {"kernel", info.cpu_kernel},
+                         {"threads", threads},
+                         {"fma_peak_gflops", probes.fma.rate},
+                         {"bf16_dot_peak_gflops", probes.bf16.rate},
+                         {"stream_read_gbs", probes.stream.rate},
+                         {"bf16_on_vdpbf16ps", info.bfloat16_on_vdpbf16ps}};
   };
   describe_machine();
   if (args.features) return features_command(args, threads, report);
@@ -438,6 +442,11 @@ int bench_command(const BenchArgs& args) {
   probes = probe_machine(threads, reader, &probes);
   describe_machine();
   const bench::Probe &fma = probes.fma, &bf16 = probes.bf16, &stream = probes.stream;
+  // A bfloat16 point is quoted against the probe of the arithmetic it runs on (forward
+  // and backward): vdpbf16ps where the library takes it, FMA where it widens.
+  const auto on_vdpbf16ps = [&](const Point& p) {
+    return p.dtype == DType::bfloat16 && info.bfloat16_on_vdpbf16ps && bf16.rate > 0;
+  };
 
   std::vector<std::string> lines;
   for (std::size_t n = 0; n < points.size(); ++n) {
@@ -445,8 +454,7 @@ int bench_command(const BenchArgs& args) {
     if (args.backward) {
       // FLOPs: the forward's count, the backward 2.5 times it (FlashAttention).
       const TrainingSeconds& t = training[n];
-      // bfloat16 runs on vdpbf16ps (forward and backward) where the CPU has it.
-      const bool on_bf16 = p.dtype == DType::bfloat16 && bf16.rate > 0;
+      const bool on_bf16 = on_vdpbf16ps(p);
       const double peak = on_bf16 ? bf16.rate : fma.rate;
       const double both = 3.5 * p.flops() / t.both / 1e9, back = 2.5 * p.flops() / t.backward / 1e9;
       report["points"].push_back({{"dtype", dtype_name(p.dtype)}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
@@ -480,12 +488,11 @@ int bench_command(const BenchArgs& args) {
       }
     } else {
       const double gflops = p.flops() / seconds / 1e9;
-      const double peak = p.dtype == DType::bfloat16 && bf16.rate > 0 ? bf16.rate : fma.rate;
+      const double peak = on_vdpbf16ps(p) ? bf16.rate : fma.rate;
       row["gflops"] = gflops;
       row["fraction_of_peak"] = gflops / peak;
       std::snprintf(line, sizeof line, "%-48s %9.3f ms %8.1f GFLOP/s %5.1f%% of %s peak", p.name().c_str(),
-                    seconds * 1e3, gflops, 100 * gflops / peak,
-                    p.dtype == DType::bfloat16 && bf16.rate > 0 ? "vdpbf16ps" : "FMA");
+                    seconds * 1e3, gflops, 100 * gflops / peak, on_vdpbf16ps(p) ? "vdpbf16ps" : "FMA");
     }
     report["points"].push_back(row);
     lines.emplace_back(line);

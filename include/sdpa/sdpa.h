@@ -172,6 +172,9 @@ struct RuntimeInfo {
   std::string version;
   std::string cpu_features;  // e.g. "avx2 fma avx512f avx512bf16"
   std::string cpu_kernel;    // the CPU forward kernel the dispatcher picks
+  // bfloat16 products on vdpbf16ps (where it outruns the float32 FMAs: AMD's cores), or
+  // widened to float32 FMAs (Intel's, whose vdpbf16ps runs at half their rate).
+  bool bfloat16_on_vdpbf16ps = false;
   int max_threads = 1;       // OpenMP threads available
 };
 RuntimeInfo runtime_info();

@@ -354,6 +354,7 @@ NB_MODULE(_core, m) {
     d["version"] = info.version;
     d["cpu_features"] = info.cpu_features;
     d["cpu_kernel"] = info.cpu_kernel;
+    d["bfloat16_on_vdpbf16ps"] = info.bfloat16_on_vdpbf16ps;
     d["max_threads"] = info.max_threads;
     return d;
   });

@@ -30,6 +30,7 @@ RuntimeInfo runtime_info() {
       info.cpu_features += feature.name;
     }
   info.cpu_kernel = detail::cpu_kernel_name();
+  info.bfloat16_on_vdpbf16ps = detail::cpu_bfloat16_on_vdpbf16ps();
   info.max_threads = omp_get_max_threads();
   return info;
 }

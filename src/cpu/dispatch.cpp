@@ -30,7 +30,10 @@ void cpu_backward(const BackwardProblem& problem) {
 }
 
 std::string cpu_kernel_name() {
-  return std::string("simd-") + simd_target_name() + " (float32/bfloat16/float16), tiled-portable (float64)";
+  return std::string("simd-") + simd_target_name() + " (float32/bfloat16/float16, bfloat16 " +
+         (cpu_bfloat16_on_vdpbf16ps() ? "on vdpbf16ps" : "widened to float32") + "), tiled-portable (float64)";
 }
+
+bool cpu_bfloat16_on_vdpbf16ps() { return simd_bfloat16_on_vdpbf16ps(); }
 
 }  // namespace sdpa::detail

@@ -25,4 +25,7 @@ void cpu_backward(const BackwardProblem& problem);
 // Name of the kernels cpu_forward() runs on this machine (for `sdpa info`).
 std::string cpu_kernel_name();
 
+// Whether bfloat16 products run on vdpbf16ps (else widened to float32 FMAs).
+bool cpu_bfloat16_on_vdpbf16ps();
+
 }  // namespace sdpa::detail

@@ -7,7 +7,9 @@
 #include <limits>
 #include <random>
 
+#include "cpu/simd/bf16_kernels.h"
 #include "hwy/targets.h"
+#include "testing/gradients.h"
 #include "testing/helpers.h"
 
 namespace sdpa::testing {
@@ -122,6 +124,55 @@ TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
           const Agreement a = compare_with_oracle(q.view(), kv.keys, kv.values, options);
           EXPECT_TRUE(a.ok()) << a.describe();
         }
+  }
+}
+
+// bfloat16 takes the vdpbf16ps kernels where detail::bf16::chosen() (AMD's cores) and is
+// widened to float32 elsewhere (Intel's, whose vdpbf16ps runs at half the FMAs' rate): a
+// machine runs one of them, so both are forced here where the CPU has the instruction —
+// the forward's tiles (causal, GQA), the decode rows (4 rows a KV head) and a decode of
+// 16 rows a KV head in tiles, and the backward — each against the oracle. The two
+// paths' lse must differ somewhere (the pairs' sums differ in order): the switch reaches
+// the kernels.
+class Bfloat16Arithmetic : public ::testing::Test {
+ protected:
+  void TearDown() override { detail::bf16::choose_for_test(std::nullopt); }
+};
+
+TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
+  std::vector<bool> paths{false};
+  if (detail::bf16::supported()) paths.push_back(true);
+  std::vector<Tensor> lse_of_path;
+  for (bool on_vdpbf16ps : paths) {
+    detail::bf16::choose_for_test(on_vdpbf16ps);
+    SCOPED_TRACE(on_vdpbf16ps ? "on vdpbf16ps" : "widened to float32");
+    const RuntimeInfo info = runtime_info();
+    const bool wide_vectors = info.cpu_kernel.find("simd-AVX3") != std::string::npos;  // (kBf16KernelsFit)
+    EXPECT_EQ(info.bfloat16_on_vdpbf16ps, on_vdpbf16ps && wide_vectors) << info.cpu_kernel;
+    std::mt19937_64 rng(7);
+    const Tensor q = random_tensor(DType::bfloat16, {1, 4, 70, 64}, rng),
+                 k = random_tensor(DType::bfloat16, {1, 2, 90, 64}, rng),
+                 v = random_tensor(DType::bfloat16, {1, 2, 90, 48}, rng);
+    for (Causal causal : {Causal::none, Causal::top_left}) {
+      Options options;
+      options.causal = causal;
+      EXPECT_TRUE(compare_with_oracle(q.view(), k.view(), v.view(), options).ok()) << "prefill";
+      const GradientAgreement g = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options);
+      EXPECT_TRUE(g.ok()) << "backward: " << g.describe();
+    }
+    lse_of_path.push_back(forward(q.view(), k.view(), v.view(), {}, Returns{false, true}).lse);
+    for (std::int64_t L : {1, 4}) {
+      const Tensor dq = random_tensor(DType::bfloat16, {1, 8, L, 128}, rng),
+                   dk = random_tensor(DType::bfloat16, {1, 2, 3000, 128}, rng),
+                   dv = random_tensor(DType::bfloat16, {1, 2, 3000, 128}, rng);
+      Options options;
+      options.causal = Causal::bottom_right;
+      const Agreement a = compare_with_oracle(dq.view(), dk.view(), dv.view(), options);
+      EXPECT_TRUE(a.ok()) << "decode, L = " << L << ": " << a.describe();
+    }
+  }
+  if (lse_of_path.size() == 2) {
+    EXPECT_FALSE(bitwise_equal(lse_of_path[0], lse_of_path[1]));
   }
 }
 

@@ -15,7 +15,8 @@
 //   dK[c][·]  += Σ_r dSᵀ[c][r] · Q[r][·]            (broadcast dSᵀ[c][r] against a Q row)
 // and at the end dQ·scale, dK·scale, dV. Five matrix products, as FlashAttention-2.
 //
-// bfloat16 Q, K and V on a CPU with `vdpbf16ps` (simd/bf16_kernels.h): the five products
+// bfloat16 Q, K and V on a CPU whose `vdpbf16ps` outruns its FMAs (bf16::chosen,
+// simd/bf16_kernels.h; elsewhere widened to float32 as above): the five products
 // take bfloat16 operands — Q, K, V and dO as given, P (Wᵀ) and dS rounded to bfloat16 as
 // FlashAttention's bf16 backward rounds them — and add in float32; the softmax, dS and D
 // stay float32 as above.
@@ -475,7 +476,7 @@ void BackwardFloat32(const BackwardProblem& p) {
 
   const bool parallel = work.tasks() > 1 || work.chunks > 1;
   const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
-                         p.value.dtype == DType::bfloat16 && p.E > 0 && p.Ev > 0 && bf16::supported();
+                         p.value.dtype == DType::bfloat16 && p.E > 0 && p.Ev > 0 && bf16::chosen();
   const auto scratch_of_thread = scratch_per_thread<Scratch>(parallel ? threads : 1, p, work.chunk_keys, bf16_path);
 #pragma omp parallel num_threads(threads) if (parallel)
   {

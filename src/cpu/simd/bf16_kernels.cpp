@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "cpu/simd/lane_sums.h"
@@ -145,6 +146,19 @@ bool supported() {
   }();
   return has;
 }
+
+namespace {
+// -1: the CPU's own choice; 0 or 1: a test's (choose_for_test).
+std::atomic<int> forced_choice{-1};
+}  // namespace
+
+bool chosen() {
+  static const bool fast = supported() && __builtin_cpu_is("amd");
+  const int forced = forced_choice.load(std::memory_order_relaxed);
+  return forced < 0 ? fast : forced == 1 && supported();
+}
+
+void choose_for_test(std::optional<bool> take) { forced_choice.store(take ? int{*take} : -1); }
 
 SDPA_BF16_TARGET void score_block(const std::uint16_t* qp, std::int64_t pairs, const std::uint16_t* k,
                                   std::int64_t k_stride, float scale, float* st, std::int64_t st_stride,

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace sdpa::detail::bf16 {
 
@@ -25,6 +26,21 @@ constexpr int kValueBlock = 8; // value dims per accumulate register block
 
 // True when the CPU has AVX-512 F, BW, VL and BF16.
 bool supported();
+
+// True when bfloat16 inputs take these kernels: supported() and the CPU's vdpbf16ps
+// outruns its float32 FMAs. Otherwise bfloat16 rows are widened to float32, exactly, and
+// take the float32 kernels. AMD's cores issue vdpbf16ps at FMA's rate, two products a
+// lane: twice the float32 multiply-adds (Zen 4 461 against 228 GFLOP/s, Zen 5 921
+// against 489: `sdpa bench`'s probes, bench/RESULTS.md). Intel's issue one every second
+// cycle where FMA goes twice a cycle: half the float32 rate (an Emerald Rapids Xeon 154
+// against 320 GFLOP/s), and the widened path ran a bfloat16 forward 1.65x, its backward
+// 1.5x and a decode 1.2x faster there. Decided by the vendor, not by timing, so that a
+// machine's bits never depend on a timer's noise.
+bool chosen();
+
+// For tests: force chosen() to `take` (true only where supported()), so that a machine
+// runs both paths; std::nullopt restores the CPU's own choice.
+void choose_for_test(std::optional<bool> take);
 
 // st[c·st_stride + r] = scale · Σ_p dot(qp[p][r], K[c][2p..2p+1]) for 12 keys c; K rows
 // are `pairs` bf16 pairs long (even E), k_stride elements apart. ahead ≠ 0: each row's

@@ -124,7 +124,8 @@ bool ThreeVectorsPay(const Problem& p, std::int64_t lanes) {
 // Decoding — a KV head's group of query rows (Hq/Hkv · L, 4 for Hq = 32, Hkv = 8, L = 1)
 // fits in one vector — runs subtiles of one row vector: with two, the second vector's
 // lanes are all padding, and every key costs twice the FMAs (Q·Kᵀ and P·V) for nothing.
-// The bfloat16 microkernels are written for two; a decode of at most kFewRows rows a KV
+// The bfloat16 microkernels (where bf16::chosen(); elsewhere bfloat16 is widened and takes
+// the float32 paths below) are written for two; a decode of at most kFewRows rows a KV
 // head leaves them for the row kernels (decode_rows-inl.h), whose lanes run along E and
 // Ev: no padding lanes. Their scores take vdpbf16ps too (bf16::row_scores); their P·V
 // stays in float32, P not rounded to bfloat16 (docs/performance.md, "Decoding": rounded,
@@ -145,7 +146,7 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
     }
   };
   if (kBf16KernelsFit && first.query.dtype == DType::bfloat16 && first.key.dtype == DType::bfloat16 &&
-      first.value.dtype == DType::bfloat16 && bf16::supported()) {
+      first.value.dtype == DType::bfloat16 && bf16::chosen()) {
     by_runs([&](const Problem& p) { return group_rows(p) <= kFewRows; },
             [](const Problem* run, std::int64_t n, bool decode) {
               if (decode)
@@ -175,6 +176,8 @@ void ForwardFloat32(const Problem* problems, std::int64_t count) {
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
+bool Bfloat16OnVdpbf16ps() { return kBf16KernelsFit && bf16::chosen(); }
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace sdpa::detail
@@ -185,12 +188,15 @@ namespace sdpa::detail {
 
 HWY_EXPORT(ForwardFloat32);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(Bfloat16OnVdpbf16ps);
 
 void simd_forward_float32(const Problem* problems, std::int64_t count) {
   HWY_DYNAMIC_DISPATCH(ForwardFloat32)(problems, count);
 }
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+bool simd_bfloat16_on_vdpbf16ps() { return HWY_DYNAMIC_DISPATCH(Bfloat16OnVdpbf16ps)(); }
 
 }  // namespace sdpa::detail
 #endif

@@ -29,10 +29,10 @@
 // Decoding: a task of at most kFewRows rows over K and V rows of unit column stride
 // (float32, bfloat16, float16, int8) skips the tiles: simd/decode_rows-inl.h reads the
 // rows in place with lanes along E and Ev (its sums of products are horizontal; a
-// bfloat16 query's scores on vdpbf16ps against bfloat16 K, bf16::row_scores, or on
-// vpdpwssd against int8 K, int8::row_scores, and its P·V of int8 V on vpdpwssd,
-// int8::row_accumulate), and, without lane-by-lane modifiers, runs the softmax
-// on a dense Sᵀ (several keys a vector).
+// bfloat16 query's scores on vdpbf16ps against bfloat16 K where bf16::chosen(),
+// bf16::row_scores, or on vpdpwssd against int8 K, int8::row_scores, and its P·V of int8
+// V on vpdpwssd, int8::row_accumulate), and, without lane-by-lane modifiers, runs the
+// softmax on a dense Sᵀ (several keys a vector).
 //
 // Included once per Highway target by forward.cpp alone (hence the toggling include
 // guard, Highway's convention for per-target headers, and the anonymous namespace: its
@@ -78,8 +78,8 @@ namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by for
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the backward
 
 constexpr double kLn2 = 0.6931471805599453;
-// bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h), written for 32-row
-// tiles of 16-lane vectors: the AVX-512 target's shape.
+// bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h) where bf16::chosen(),
+// written for 32-row tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
               "bf16::row_scores, int8::row_scores and row_accumulate take every decode task's rows and tiles");
@@ -189,7 +189,7 @@ class Task {
         s_(s),
         n_(hn::Lanes(DF())),
         bf16_(bf16_path),
-        bf16_row_scores_(Bf16QueryOnAvx512(p) && p.key.dtype == DType::bfloat16 && bf16::supported()),
+        bf16_row_scores_(Bf16QueryOnAvx512(p) && p.key.dtype == DType::bfloat16 && bf16::chosen()),
         int8_row_scores_(Bf16QueryOnAvx512(p) && p.key.dtype == DType::int8 && p.E <= int8::kMaxQueryDims &&
                          int8::supported()),
         int8_row_values_(Bf16QueryOnAvx512(p) && p.value.dtype == DType::int8 && int8::supported()) {}

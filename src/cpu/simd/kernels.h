@@ -19,4 +19,8 @@ void simd_backward_float32(const BackwardProblem& problem);
 // The Highway target the dispatcher picked on this machine ("AVX3", "AVX2", ...).
 const char* simd_target_name();
 
+// Whether bfloat16 products run on vdpbf16ps (the AVX-512 target where bf16::chosen()) or
+// on float32 FMAs after widening.
+bool simd_bfloat16_on_vdpbf16ps();
+
 }  // namespace sdpa::detail
