@@ -426,5 +426,7 @@ def test_package_metadata():
     assert sdpa.__version__ == "0.1.0"
     info = sdpa.runtime_info()
     assert info["version"] == sdpa.__version__ and info["max_threads"] >= 1
+    # Which arithmetic bfloat16 runs on, said twice: as a flag and in the kernel's name.
+    assert info["bfloat16_on_vdpbf16ps"] is ("bfloat16 on vdpbf16ps" in info["cpu_kernel"])
     for function in (sdpa.scaled_dot_product_attention, sdpa.attention):
         assert "Raises" in function.__doc__
