@@ -10,6 +10,10 @@
 // GFLOP/s (FlashAttention's count: 4·B·Hq·L·S·E, half when causal — exact only for
 // L = S — and ×2.5 for the backward) or, for a forward with L = 1, GB/s of K and V (and
 // their scales); and the best call's time.
+//
+// SDPA_AB_BFLOAT16=vdpbf16ps or widened in the environment forces the arithmetic bfloat16
+// takes (through the tests' hook, bf16::choose_for_test), so that one build compares the
+// two on a CPU that has vdpbf16ps (bench/RESULTS.md, "An Intel Xeon (Emerald Rapids)").
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -23,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/simd/bf16_kernels.h"
 #include "sdpa/sdpa.h"
 
 namespace {
@@ -78,6 +83,14 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("dtype: expected float32, bfloat16, float16 or int8-kv, got '" + std::string(kind) +
                                   "'");
     if (int8_kv && backward) throw std::invalid_argument("dtype: int8-kv has no backward");
+    if (const char* forced = std::getenv("SDPA_AB_BFLOAT16")) {
+      const std::string_view path = forced;
+      if (path != "vdpbf16ps" && path != "widened")
+        throw std::invalid_argument("SDPA_AB_BFLOAT16: expected vdpbf16ps or widened, got '" + std::string(path) + "'");
+      if (path == "vdpbf16ps" && !sdpa::detail::bf16::supported())
+        throw std::invalid_argument("SDPA_AB_BFLOAT16: this CPU has no vdpbf16ps");
+      sdpa::detail::bf16::choose_for_test(path == "vdpbf16ps");
+    }
     std::mt19937_64 rng(1);
     const sdpa::Tensor q = random_tensor(dtype, {B, Hq, L, E}, rng),
                        grad_output = random_tensor(dtype, {B, Hq, L, E}, rng);

@@ -418,7 +418,7 @@ int bench_command(const BenchArgs& args) {
                          {"fma_peak_gflops", probes.fma.rate},
                          {"bf16_dot_peak_gflops", probes.bf16.rate},
                          {"stream_read_gbs", probes.stream.rate},
-                         {"bf16_on_vdpbf16ps", info.bfloat16_on_vdpbf16ps}};
+                         {"bfloat16_on_vdpbf16ps", info.bfloat16_on_vdpbf16ps}};
   };
   describe_machine();
   if (args.features) return features_command(args, threads, report);
@@ -454,8 +454,7 @@ int bench_command(const BenchArgs& args) {
     if (args.backward) {
       // FLOPs: the forward's count, the backward 2.5 times it (FlashAttention).
       const TrainingSeconds& t = training[n];
-      const bool on_bf16 = on_vdpbf16ps(p);
-      const double peak = on_bf16 ? bf16.rate : fma.rate;
+      const double peak = on_vdpbf16ps(p) ? bf16.rate : fma.rate;
       const double both = 3.5 * p.flops() / t.both / 1e9, back = 2.5 * p.flops() / t.backward / 1e9;
       report["points"].push_back({{"dtype", dtype_name(p.dtype)}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
                                   {"L", p.L}, {"S", p.S}, {"E", p.E}, {"causal", p.causal},
@@ -467,7 +466,7 @@ int bench_command(const BenchArgs& args) {
       std::snprintf(line, sizeof line,
                     "%-48s fwd+bwd %9.3f ms %7.1f GFLOP/s | bwd %9.3f ms %7.1f GFLOP/s %5.1f%% of %s peak",
                     p.name().c_str(), t.both * 1e3, both, t.backward * 1e3, back, 100 * back / peak,
-                    on_bf16 ? "vdpbf16ps" : "FMA");
+                    on_vdpbf16ps(p) ? "vdpbf16ps" : "FMA");
       lines.emplace_back(line);
       continue;
     }

@@ -172,10 +172,11 @@ struct RuntimeInfo {
   std::string version;
   std::string cpu_features;  // e.g. "avx2 fma avx512f avx512bf16"
   std::string cpu_kernel;    // the CPU forward kernel the dispatcher picks
-  // bfloat16 products on vdpbf16ps (where it outruns the float32 FMAs: AMD's cores), or
-  // widened to float32 FMAs (Intel's, whose vdpbf16ps runs at half their rate).
-  bool bfloat16_on_vdpbf16ps = false;
   int max_threads = 1;       // OpenMP threads available
+  // bfloat16 products on vdpbf16ps (AMD's cores with AVX-512 BF16, where it outruns the
+  // float32 FMAs), or widened to float32 FMAs (everywhere else: no such instruction, or
+  // Intel's, whose vdpbf16ps runs at half their rate).
+  bool bfloat16_on_vdpbf16ps = false;
 };
 RuntimeInfo runtime_info();
 

@@ -37,24 +37,26 @@ TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
   });
 }
 
-// bfloat16 on the hostile grid: on a CPU with vdpbf16ps its own kernels (bfloat16
-// products in pairs: an odd E or Ev pads its last pair, an odd row count its last row
-// pair, an odd key count its last key pair), elsewhere the float32 path. (E = Ev = 1 is
-// left out: at Hq = 4, Hkv = 2, L = S = 17 both paths miss the 3× rule for dK by the same
+// bfloat16 on the hostile grid, on both of its paths where the CPU has vdpbf16ps: its own
+// kernels (bfloat16 products in pairs: an odd E or Ev pads its last pair, an odd row
+// count its last row pair, an odd key count its last key pair) and the float32 path.
+// (E = Ev = 1 is left out: at Hq = 4, Hkv = 2, L = S = 17 both paths miss the 3× rule for dK by the same
 // error, to the last digit, so it comes from what they share — the forward's bfloat16 O
 // in D, the rounding of dK — not from the products.)
 TEST(CpuBackward, Bfloat16AwkwardShapesMatchOracle) {
   const std::int64_t dims[] = {3, 8, 40, 64, 80, 96, 111, 128, 256};
   const std::pair<std::int64_t, std::int64_t> heads[] = {{1, 1}, {2, 1}, {5, 1}, {4, 2}};
   // A fifth of the grid.
-  for_sampled_awkward_shapes(dims, 5, 1, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
-    Case c;
-    c.dtype = DType::bfloat16;
-    c.batch = {1};
-    std::tie(c.heads_q, c.heads_kv) = heads[n % 4];
-    c.L = L, c.S = S, c.E = E, c.Ev = (n % 3) ? E : dims[(n + 4) % 9];
-    c.causal = n % 2 ? Causal::bottom_right : Causal::none;
-    expect_gradients_agree(c, n);
+  for_each_bfloat16_path([&] {
+    for_sampled_awkward_shapes(dims, 5, 1, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
+      Case c;
+      c.dtype = DType::bfloat16;
+      c.batch = {1};
+      std::tie(c.heads_q, c.heads_kv) = heads[n % 4];
+      c.L = L, c.S = S, c.E = E, c.Ev = (n % 3) ? E : dims[(n + 4) % 9];
+      c.causal = n % 2 ? Causal::bottom_right : Causal::none;
+      expect_gradients_agree(c, n);
+    });
   });
 }
 
@@ -67,47 +69,50 @@ TEST(CpuBackward, Bfloat16AwkwardShapesMatchOracle) {
 // The unseen NaN's gradients are then the same bits as with 0 in its place. With
 // softcap too: its chain rule multiplies dS by 1 − tanh², NaN at a NaN key, and must leave
 // a masked key's dS at 0 (it did not: NaN reached dK, and dQ through a bfloat16 key pair).
+// bfloat16 on both of its paths where the CPU has vdpbf16ps.
 TEST(CpuBackward, NaNInUnseenKeysStaysOut) {
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float64})
-    for (double softcap : {0.0, 8.0})
-      for (int where = 0; where < 3; ++where) {
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + (softcap > 0 ? " softcap" : "") +
-                     (where == 0   ? ": NaN in K[33], causal"
-                      : where == 1 ? ": NaN in V[33], causal"
-                                   : ": NaN in K[5], masked for every row"));
-        const bool causal = where < 2;
-        const std::int64_t L = causal ? 40 : 37, S = causal ? 41 : 20, poisoned_key = causal ? 33 : 5;
-        std::mt19937_64 rng(17);
-        const Tensor q = random_tensor(dtype, {1, 1, L, 16}, rng), g = random_tensor(dtype, {1, 1, L, 16}, rng);
-        Tensor k = random_tensor(dtype, {1, 1, S, 16}, rng), v = random_tensor(dtype, {1, 1, S, 16}, rng);
-        Tensor mask = random_bool({S}, rng, 1.0);
-        mask.set(poisoned_key, 0.0);
-        Options options;
-        options.softcap = softcap;
-        if (causal)
-          options.causal = Causal::bottom_right;
-        else
-          options.mask = mask.view();
-        Tensor& poisoned = where == 1 ? v : k;
-        for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, 0.0);
-        const BackwardResult clean = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
-        for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, std::nan(""));
-        const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
-        // Causal: dQ of rows 0..31 (the later rows see the NaN). Masked: dK and dV (dQ adds
-        // 0 · K over the keys a row's band holds, masked ones included: NaN, as in float32).
-        const auto expect_same = [](const Tensor& a, const Tensor& b, std::int64_t count) {
-          for (std::int64_t i = 0; i < count; ++i) {
-            ASSERT_FALSE(std::isnan(a.get(i))) << i;
-            ASSERT_EQ(a.get(i), b.get(i)) << i;
+  for_each_bfloat16_path([] {
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float64})
+      for (double softcap : {0.0, 8.0})
+        for (int where = 0; where < 3; ++where) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + (softcap > 0 ? " softcap" : "") +
+                       (where == 0   ? ": NaN in K[33], causal"
+                        : where == 1 ? ": NaN in V[33], causal"
+                                     : ": NaN in K[5], masked for every row"));
+          const bool causal = where < 2;
+          const std::int64_t L = causal ? 40 : 37, S = causal ? 41 : 20, poisoned_key = causal ? 33 : 5;
+          std::mt19937_64 rng(17);
+          const Tensor q = random_tensor(dtype, {1, 1, L, 16}, rng), g = random_tensor(dtype, {1, 1, L, 16}, rng);
+          Tensor k = random_tensor(dtype, {1, 1, S, 16}, rng), v = random_tensor(dtype, {1, 1, S, 16}, rng);
+          Tensor mask = random_bool({S}, rng, 1.0);
+          mask.set(poisoned_key, 0.0);
+          Options options;
+          options.softcap = softcap;
+          if (causal)
+            options.causal = Causal::bottom_right;
+          else
+            options.mask = mask.view();
+          Tensor& poisoned = where == 1 ? v : k;
+          for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, 0.0);
+          const BackwardResult clean = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+          for (std::int64_t e = 0; e < 16; ++e) poisoned.set(poisoned_key * 16 + e, std::nan(""));
+          const BackwardResult got = forward_backward(q.view(), k.view(), v.view(), g.view(), options);
+          // Causal: dQ of rows 0..31 (the later rows see the NaN). Masked: dK and dV (dQ adds
+          // 0 · K over the keys a row's band holds, masked ones included: NaN, as in float32).
+          const auto expect_same = [](const Tensor& a, const Tensor& b, std::int64_t count) {
+            for (std::int64_t i = 0; i < count; ++i) {
+              ASSERT_FALSE(std::isnan(a.get(i))) << i;
+              ASSERT_EQ(a.get(i), b.get(i)) << i;
+            }
+          };
+          if (causal) {
+            expect_same(got.grad_query, clean.grad_query, 32 * 16);
+          } else {
+            expect_same(got.grad_key, clean.grad_key, got.grad_key.numel());
+            expect_same(got.grad_value, clean.grad_value, got.grad_value.numel());
           }
-        };
-        if (causal) {
-          expect_same(got.grad_query, clean.grad_query, 32 * 16);
-        } else {
-          expect_same(got.grad_key, clean.grad_key, got.grad_key.numel());
-          expect_same(got.grad_value, clean.grad_value, got.grad_value.numel());
         }
-      }
+  });
 }
 
 TEST(CpuBackward, LongSequencesBothWays) {

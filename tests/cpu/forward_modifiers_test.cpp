@@ -93,9 +93,11 @@ TEST(CpuForwardModifiers, Float64MatchesOracle) {
 }
 
 TEST(CpuForwardModifiers, Bfloat16MatchesOracleByTheToleranceRule) {
-  run_dtype_grid(
-      DType::bfloat16,
-      {{1, 1, 1, 200, 150, 64, 24}, {2, 4, 2, 129, 200, 7, 7}, {1, 3, 1, 37, 300, 96, 16}, {1, 2, 2, 65, 97, 1, 1}});
+  for_each_bfloat16_path([] {
+    run_dtype_grid(
+        DType::bfloat16,
+        {{1, 1, 1, 200, 150, 64, 24}, {2, 4, 2, 129, 200, 7, 7}, {1, 3, 1, 37, 300, 96, 16}, {1, 2, 2, 65, 97, 1, 1}});
+  });
 }
 
 TEST(CpuForwardModifiers, Float16MatchesOracleByTheToleranceRule) {

@@ -586,33 +586,36 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
 
 // A decode task of few rows (group · L <= 8) reads K and V rows in place with lanes
 // along E and Ev, widening bfloat16 and float16 rows in registers (decode_rows-inl.h;
-// a bfloat16 query's scores on vdpbf16ps where the CPU has it):
+// a bfloat16 query's scores on vdpbf16ps where bf16::chosen(): both paths here where the
+// CPU has the instruction):
 // every head dim's tail against the vector width (Ev ≠ E), 1 to 8 rows, with and
 // without causal. S = 150 ends mid-tile, where the kernels' requests for the rows ahead
 // stop at the last key.
 TEST(CpuForward, DecodeRowKernelsMatchOracle) {
-  int n = 900;
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
-    for (std::int64_t E : {1, 3, 16, 17, 40, 111, 128})
-      for (auto [heads_q, L] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {4, 1}, {2, 3}, {8, 1}, {4, 2}})
-        for (Causal causal : {Causal::none, Causal::bottom_right}) {
-          Case c;
-          c.dtype = dtype;
-          c.batch = {2};
-          c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
-          c.causal = causal;
-          expect_forward_agrees(c, ++n);
-        }
-  // The other row counts for bfloat16, whose scores take vdpbf16ps where the CPU has it
-  // (bf16::row_scores: 16/R keys a block, then single keys).
-  for (std::int64_t E : {17, 40, 128})
-    for (std::int64_t heads_q : {2, 3, 5, 7}) {
-      Case c;
-      c.dtype = DType::bfloat16;
-      c.batch = {2};
-      c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 150, c.E = E, c.Ev = E + 3;
-      expect_forward_agrees(c, ++n);
-    }
+  for_each_bfloat16_path([] {
+    int n = 900;
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+      for (std::int64_t E : {1, 3, 16, 17, 40, 111, 128})
+        for (auto [heads_q, L] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {4, 1}, {2, 3}, {8, 1}, {4, 2}})
+          for (Causal causal : {Causal::none, Causal::bottom_right}) {
+            Case c;
+            c.dtype = dtype;
+            c.batch = {2};
+            c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
+            c.causal = causal;
+            expect_forward_agrees(c, ++n);
+          }
+    // The other row counts for bfloat16, whose scores take vdpbf16ps where bf16::chosen()
+    // (bf16::row_scores: 16/R keys a block, then single keys).
+    for (std::int64_t E : {17, 40, 128})
+      for (std::int64_t heads_q : {2, 3, 5, 7}) {
+        Case c;
+        c.dtype = DType::bfloat16;
+        c.batch = {2};
+        c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 150, c.E = E, c.Ev = E + 3;
+        expect_forward_agrees(c, ++n);
+      }
+  });
 }
 
 // K and V that start off their element size's boundary (a caller's tensor may: float32

@@ -4,6 +4,7 @@
 // or SSE-only machine gets the same contract.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -130,10 +131,10 @@ TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
 // bfloat16 takes the vdpbf16ps kernels where detail::bf16::chosen() (AMD's cores) and is
 // widened to float32 elsewhere (Intel's, whose vdpbf16ps runs at half the FMAs' rate): a
 // machine runs one of them, so both are forced here where the CPU has the instruction —
-// the forward's tiles (causal, GQA), the decode rows (4 rows a KV head) and a decode of
-// 16 rows a KV head in tiles, and the backward — each against the oracle. The two
-// paths' lse must differ somewhere (the pairs' sums differ in order): the switch reaches
-// the kernels.
+// the forward's tiles (causal, GQA), the backward, the decode rows (4 rows a KV head) and
+// a decode of 16 rows a KV head in tiles — each against the oracle. Each of the three
+// places that choose (the forward's tiles, the backward, the decode rows' scores) must
+// give other bits on the other path: the switch reaches each.
 class Bfloat16Arithmetic : public ::testing::Test {
  protected:
   void TearDown() override { detail::bf16::choose_for_test(std::nullopt); }
@@ -142,17 +143,23 @@ class Bfloat16Arithmetic : public ::testing::Test {
 TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
   std::vector<bool> paths{false};
   if (detail::bf16::supported()) paths.push_back(true);
-  std::vector<Tensor> lse_of_path;
+  struct Bits {
+    Tensor prefill_lse, grad_key, decode_lse;
+  };
+  std::vector<Bits> bits_of_path;
+  std::mt19937_64 rng(7);
+  const Tensor q = random_tensor(DType::bfloat16, {1, 4, 70, 64}, rng),
+               k = random_tensor(DType::bfloat16, {1, 2, 90, 64}, rng),
+               v = random_tensor(DType::bfloat16, {1, 2, 90, 48}, rng), g = random_grad_output(q.view(), v.view(), 1);
+  // One forward's O and lse for both backward runs: their gradients differ by the backward alone.
+  const ForwardResult fixed = forward(q.view(), k.view(), v.view(), {}, Returns{false, true});
   for (bool on_vdpbf16ps : paths) {
     detail::bf16::choose_for_test(on_vdpbf16ps);
     SCOPED_TRACE(on_vdpbf16ps ? "on vdpbf16ps" : "widened to float32");
     const RuntimeInfo info = runtime_info();
     const bool wide_vectors = info.cpu_kernel.find("simd-AVX3") != std::string::npos;  // (kBf16KernelsFit)
     EXPECT_EQ(info.bfloat16_on_vdpbf16ps, on_vdpbf16ps && wide_vectors) << info.cpu_kernel;
-    std::mt19937_64 rng(7);
-    const Tensor q = random_tensor(DType::bfloat16, {1, 4, 70, 64}, rng),
-                 k = random_tensor(DType::bfloat16, {1, 2, 90, 64}, rng),
-                 v = random_tensor(DType::bfloat16, {1, 2, 90, 48}, rng);
+    rng.seed(8);  // (the same decode inputs on each path)
     for (Causal causal : {Causal::none, Causal::top_left}) {
       Options options;
       options.causal = causal;
@@ -160,7 +167,12 @@ TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
       const GradientAgreement g = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options);
       EXPECT_TRUE(g.ok()) << "backward: " << g.describe();
     }
-    lse_of_path.push_back(forward(q.view(), k.view(), v.view(), {}, Returns{false, true}).lse);
+    Bits bits;
+    bits.prefill_lse = forward(q.view(), k.view(), v.view(), {}, Returns{false, true}).lse;
+    bits.grad_key =
+        backward(BackwardInputs{q.view(), k.view(), v.view(), fixed.output.view(), fixed.lse.view(), g.view()},
+                 Options{})
+            .grad_key;
     for (std::int64_t L : {1, 4}) {
       const Tensor dq = random_tensor(DType::bfloat16, {1, 8, L, 128}, rng),
                    dk = random_tensor(DType::bfloat16, {1, 2, 3000, 128}, rng),
@@ -170,9 +182,24 @@ TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
       const Agreement a = compare_with_oracle(dq.view(), dk.view(), dv.view(), options);
       EXPECT_TRUE(a.ok()) << "decode, L = " << L << ": " << a.describe();
     }
+    // The decode rows' scores: their two kernels pair and round alike (vdpbf16ps adds a
+    // pair's products one after the other, as two FMAs would), except that vdpbf16ps reads
+    // a subnormal as zero. One subnormal K element (2^-130) against a query element of
+    // 2^120 adds 2^-10 to key 0's score on the widened path only (the other keys' element
+    // is 0).
+    Tensor sq = random_tensor(DType::bfloat16, {1, 4, 1, 32}, rng),
+           sk = random_tensor(DType::bfloat16, {1, 1, 64, 32}, rng);
+    const Tensor sv = random_tensor(DType::bfloat16, {1, 1, 64, 32}, rng);
+    for (std::int64_t j = 0; j < 64; ++j) sk.set(j * 32, j == 0 ? std::ldexp(1.0, -130) : 0.0);
+    for (std::int64_t h = 0; h < 4; ++h) sq.set(h * 32, std::ldexp(1.0, 120));
+    bits.decode_lse = forward(sq.view(), sk.view(), sv.view(), {}, Returns{false, true}).lse;
+    bits_of_path.push_back(std::move(bits));
   }
-  if (lse_of_path.size() == 2) {
-    EXPECT_FALSE(bitwise_equal(lse_of_path[0], lse_of_path[1]));
+  if (bits_of_path.size() == 2) {
+    const Bits &widened = bits_of_path[0], &dot = bits_of_path[1];
+    EXPECT_FALSE(bitwise_equal(widened.prefill_lse, dot.prefill_lse)) << "the forward's tiles";
+    EXPECT_FALSE(bitwise_equal(widened.grad_key, dot.grad_key)) << "the backward";
+    EXPECT_FALSE(bitwise_equal(widened.decode_lse, dot.decode_lse)) << "the decode rows' scores";
   }
 }
 

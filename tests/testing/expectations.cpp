@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "cpu/simd/bf16_kernels.h"
 #include "testing/gradients.h"
 
 namespace sdpa::testing {
@@ -51,6 +52,21 @@ void expect_gradients_deterministic_across_threads(const Inputs& in) {
     EXPECT_TRUE(bitwise_equal(results[0].grad_key, results[r].grad_key)) << "threads " << r + 1;
     EXPECT_TRUE(bitwise_equal(results[0].grad_value, results[r].grad_value)) << "threads " << r + 1;
     EXPECT_TRUE(bitwise_equal(results[0].grad_mask, results[r].grad_mask)) << "threads " << r + 1;
+  }
+}
+
+void for_each_bfloat16_path(const std::function<void()>& body) {
+  if (!detail::bf16::supported()) {
+    body();
+    return;
+  }
+  struct RestoreTheCpusChoice {
+    ~RestoreTheCpusChoice() { detail::bf16::choose_for_test(std::nullopt); }
+  } restore;
+  for (bool on_vdpbf16ps : {true, false}) {
+    SCOPED_TRACE(on_vdpbf16ps ? "bfloat16 on vdpbf16ps" : "bfloat16 widened to float32");
+    detail::bf16::choose_for_test(on_vdpbf16ps);
+    body();
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "testing/cases.h"
 
@@ -23,5 +24,11 @@ void expect_forward_deterministic_across_threads(const Inputs& in);
 // forward_backward with 1, 2 and 3 threads, dO = random_grad_output(…, seed 3), the
 // mask's gradient too when the mask is a float mask: bitwise the same gradients.
 void expect_gradients_deterministic_across_threads(const Inputs& in);
+
+// Runs `body` once for each arithmetic bfloat16 can take on this CPU — on vdpbf16ps and
+// widened to float32 where it has the instruction (detail::bf16::choose_for_test; a
+// machine would otherwise run only the one its vendor gets), else once — under a
+// SCOPED_TRACE naming it; then restores the CPU's own choice.
+void for_each_bfloat16_path(const std::function<void()>& body);
 
 }  // namespace sdpa::testing

@@ -153,6 +153,7 @@ std::atomic<int> forced_choice{-1};
 }  // namespace
 
 bool chosen() {
+  // (supported() runs first: its __builtin_cpu_init is what __builtin_cpu_is reads.)
   static const bool fast = supported() && __builtin_cpu_is("amd");
   const int forced = forced_choice.load(std::memory_order_relaxed);
   return forced < 0 ? fast : forced == 1 && supported();

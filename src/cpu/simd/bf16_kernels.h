@@ -33,9 +33,9 @@ bool supported();
 // lane: twice the float32 multiply-adds (Zen 4 461 against 228 GFLOP/s, Zen 5 921
 // against 489: `sdpa bench`'s probes, bench/RESULTS.md). Intel's issue one every second
 // cycle where FMA goes twice a cycle: half the float32 rate (an Emerald Rapids Xeon 154
-// against 320 GFLOP/s), and the widened path ran a bfloat16 forward 1.65x, its backward
-// 1.5x and a decode 1.2x faster there. Decided by the vendor, not by timing, so that a
-// machine's bits never depend on a timer's noise.
+// against 320 GFLOP/s), and the widened path ran a bfloat16 forward 1.64x, forward +
+// backward 1.62x and a decode 1.14x faster there (docs/performance.md). Decided by the
+// vendor, not by timing, so that a machine's bits never depend on a timer's noise.
 bool chosen();
 
 // For tests: force chosen() to `take` (true only where supported()), so that a machine
