@@ -503,9 +503,12 @@ int bench_command(const BenchArgs& args) {
     return kExitOk;
   }
   std::printf("sdpa %s, kernel %s, %d threads\n", info.version.c_str(), info.cpu_kernel.c_str(), threads);
-  std::printf("probes (the better of before and after the grid): FMA %.1f GFLOP/s (%s), vdpbf16ps %.1f GFLOP/s, "
-              "stream read %.1f GB/s\n",
-              fma.rate, fma.what, bf16.rate, stream.rate);
+  std::printf(
+      "probes (the better of before and after the grid): FMA %.1f GFLOP/s (%s), vdpbf16ps %.1f GFLOP/s%s, "
+      "stream read %.1f GB/s\n",
+      fma.rate, fma.what, bf16.rate,
+      bf16.rate > 0 && !info.bfloat16_on_vdpbf16ps ? " (not taken here: bfloat16 is widened, % of FMA)" : "",
+      stream.rate);
   std::printf("median of %d runs (a run: calls for about a millisecond, per call), B = 1 unless shown, E = Ev\n",
               args.repeats);
   if (decoding)
