@@ -14,9 +14,9 @@
 // float32 decoding took these for the tiles on 2026-11-27 (10–26 % faster on the
 // Cascade Lake Xeon of bench/RESULTS.md), bfloat16 and float16 later that day
 // (2.0–2.3×). A bfloat16 query scores bfloat16 K on vdpbf16ps instead where
-// bf16::chosen() (bf16::row_scores, the same layout: simd/bf16_kernels.h), and int8 K on vpdpwssd,
-// the query rounded to int16 (int8::row_scores); its P·V of int8 V runs on vpdpwssd too
-// (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
+// bf16::chosen() (bf16::row_scores, the same layout: simd/bf16_kernels.h), and int8 K
+// on vpdpwssd, the query rounded to int16 (int8::row_scores); its P·V of int8 V runs on
+// vpdpwssd too (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
