@@ -10,6 +10,7 @@
 
 #include "cpu/simd/bf16_kernels.h"
 #include "hwy/targets.h"
+#include "testing/expectations.h"
 #include "testing/gradients.h"
 #include "testing/helpers.h"
 
@@ -135,27 +136,20 @@ TEST_F(EveryTarget, DecodeRowCountsMatchOracle) {
 // a decode of 16 rows a KV head in tiles — each against the oracle. Each of the three
 // places that choose (the forward's tiles, the backward, the decode rows' scores) must
 // give other bits on the other path: the switch reaches each.
-class Bfloat16Arithmetic : public ::testing::Test {
- protected:
-  void TearDown() override { detail::bf16::choose_for_test(std::nullopt); }
-};
-
-TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
-  std::vector<bool> paths{false};
-  if (detail::bf16::supported()) paths.push_back(true);
+TEST(Bfloat16Arithmetic, BothPathsMatchOracle) {
   struct Bits {
     Tensor prefill_lse, grad_key, decode_lse;
   };
-  std::vector<Bits> bits_of_path;
+  Bits bits_of_path[2];  // [on_vdpbf16ps]
+  int paths = 0;
   std::mt19937_64 rng(7);
   const Tensor q = random_tensor(DType::bfloat16, {1, 4, 70, 64}, rng),
                k = random_tensor(DType::bfloat16, {1, 2, 90, 64}, rng),
                v = random_tensor(DType::bfloat16, {1, 2, 90, 48}, rng), g = random_grad_output(q.view(), v.view(), 1);
   // One forward's O and lse for both backward runs: their gradients differ by the backward alone.
   const ForwardResult fixed = forward(q.view(), k.view(), v.view(), {}, Returns{false, true});
-  for (bool on_vdpbf16ps : paths) {
-    detail::bf16::choose_for_test(on_vdpbf16ps);
-    SCOPED_TRACE(on_vdpbf16ps ? "on vdpbf16ps" : "widened to float32");
+  for_each_bfloat16_path([&] {
+    const bool on_vdpbf16ps = detail::bf16::chosen();
     const RuntimeInfo info = runtime_info();
     const bool wide_vectors = info.cpu_kernel.find("simd-AVX3") != std::string::npos;  // (kBf16KernelsFit)
     EXPECT_EQ(info.bfloat16_on_vdpbf16ps, on_vdpbf16ps && wide_vectors) << info.cpu_kernel;
@@ -167,7 +161,8 @@ TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
       const GradientAgreement g = compare_gradients_with_oracle(q.view(), k.view(), v.view(), options);
       EXPECT_TRUE(g.ok()) << "backward: " << g.describe();
     }
-    Bits bits;
+    Bits& bits = bits_of_path[on_vdpbf16ps];
+    ++paths;
     bits.prefill_lse = forward(q.view(), k.view(), v.view(), {}, Returns{false, true}).lse;
     bits.grad_key =
         backward(BackwardInputs{q.view(), k.view(), v.view(), fixed.output.view(), fixed.lse.view(), g.view()},
@@ -193,9 +188,8 @@ TEST_F(Bfloat16Arithmetic, BothPathsMatchOracle) {
     for (std::int64_t j = 0; j < 64; ++j) sk.set(j * 32, j == 0 ? std::ldexp(1.0, -130) : 0.0);
     for (std::int64_t h = 0; h < 4; ++h) sq.set(h * 32, std::ldexp(1.0, 120));
     bits.decode_lse = forward(sq.view(), sk.view(), sv.view(), {}, Returns{false, true}).lse;
-    bits_of_path.push_back(std::move(bits));
-  }
-  if (bits_of_path.size() == 2) {
+  });
+  if (paths == 2) {
     const Bits &widened = bits_of_path[0], &dot = bits_of_path[1];
     EXPECT_FALSE(bitwise_equal(widened.prefill_lse, dot.prefill_lse)) << "the forward's tiles";
     EXPECT_FALSE(bitwise_equal(widened.grad_key, dot.grad_key)) << "the backward";

@@ -104,7 +104,8 @@ HWY_INLINE SoftmaxReference NextReference(VF m_old, VF m_max) {
 // valid − 1 again (its column is the caller's to overwrite), so the last, partial block
 // of a tile needs neither a zero-padded copy of K nor rows past its end.
 // kRequest: each row's line `ahead` floats further on (the next tile's row, for the
-// forward's Task) is requested as the row's own line starts (Task's key_ahead_, TileKernelsRequest).
+// forward's Task) is requested as the row's own line starts (Task's key_ahead_,
+// TileKernelsRequest).
 template <std::size_t Vectors = 2, std::size_t Keys = kKeyBlockOf<Vectors>, bool kRequest = false>
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT qt, std::size_t rows, std::int64_t E, const float* HWY_RESTRICT k,
                            std::int64_t k_stride, float* HWY_RESTRICT st, std::size_t st_stride,
