@@ -105,6 +105,45 @@ TEST(CpuForward, InterleavedStridedInputs) {
   }
 }
 
+// The lse is written a run of consecutive rows at a time (StoreOutputs): into a strided
+// buffer — (B, L, Hq) memory viewed as (B, Hq, L), and L reversed by a negative stride —
+// it must land on the same values as a packed one (which the oracle tests check), a GQA
+// subtile's runs broken at each head (L = 33), and leave the elements between alone.
+TEST(CpuForward, StridedLseMatchesPacked) {
+  std::mt19937_64 rng(7);
+  const std::int64_t B = 2, Hq = 4, Hkv = 2, L = 33, S = 40, E = 24;
+  const Tensor q = random_tensor(DType::float32, {B, Hq, L, E}, rng),
+               k = random_tensor(DType::float32, {B, Hkv, S, E}, rng),
+               v = random_tensor(DType::float32, {B, Hkv, S, E}, rng);
+  Options options;
+  options.causal = Causal::top_left;
+  Tensor out(DType::float32, {B, Hq, L, E}), packed(DType::float32, {B, Hq, L});
+  forward(q.view(), k.view(), v.view(), {out.view(), std::nullopt, packed.view()}, options);
+
+  constexpr float kUntouched = 12345.0f;
+  Tensor storage(DType::float32, {B, L, Hq, 2});  // every other float is a gap
+  for (std::int64_t i = 0; i < storage.numel(); ++i) storage.set(i, kUntouched);
+  for (bool reversed : {false, true}) {
+    TensorView lse = storage.view();
+    lse.shape = {B, Hq, L};
+    lse.strides = {L * Hq * 2, 2, Hq * 2};
+    if (reversed) {
+      lse.data = static_cast<float*>(lse.data) + (L - 1) * Hq * 2;
+      lse.strides[2] = -lse.strides[2];
+    }
+    forward(q.view(), k.view(), v.view(), {out.view(), std::nullopt, lse}, options);
+    const auto* data = static_cast<const float*>(storage.view().data);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hq; ++h)
+        for (std::int64_t i = 0; i < L; ++i) {
+          const std::int64_t at = ((b * L + (reversed ? L - 1 - i : i)) * Hq + h) * 2;
+          EXPECT_EQ(data[at], packed.get(((b * Hq + h) * L + i)))
+              << "reversed=" << reversed << " b=" << b << " h=" << h << " i=" << i;
+          EXPECT_EQ(data[at + 1], kUntouched) << "a gap written, reversed=" << reversed;
+        }
+  }
+}
+
 TEST(CpuForward, ScaleNegativeZeroAndLarge) {
   for (double scale : {-0.7, 0.0, 3.0}) {
     Case c;
