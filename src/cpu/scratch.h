@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <new>
 #include <optional>
@@ -36,6 +37,10 @@ std::vector<std::unique_ptr<Scratch>> scratch_per_thread(int threads, const Args
   for (int t = 0; t < std::max(threads, 1); ++t) scratch.push_back(std::make_unique<Scratch>(args...));
   return scratch;
 }
+
+// Scratch is kept between calls only for head dims up to this: a model's head dims make
+// buffers of a few hundred KB; a call with a huge one should not hold its memory after.
+constexpr std::int64_t kLargestKeptDim = 1024;
 
 // The per-thread scratch of a calling thread's last call, kept for its next call while
 // `Key` (whatever the Scratch's sizes depend on) stays the same: a model's small heads

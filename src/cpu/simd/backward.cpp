@@ -142,6 +142,17 @@ struct Scratch {
   }
 };
 
+// What Scratch's sizes depend on: a calling thread keeps its last call's scratch for its
+// next call with the same (ScratchCache, cpu/scratch.h; as the forward's), unless the
+// head dim is above kLargestKeptDim. Made per call, by the calling thread for every
+// thread, it was 2-7% of a small training backward on two threads (B = 16, Hq = 4, L =
+// S = 64, E = 16: 0.347 -> 0.324 ms; bench/RESULTS.md, "The lse").
+struct ScratchKey {
+  std::int64_t E, Ev, chunk_keys;
+  bool softcap, bf16;
+  bool operator==(const ScratchKey&) const = default;
+};
+
 // One key tile's K and V as the kernels read them: float32 rows, or bfloat16 rows.
 struct KeyValueTile {
   const float *k = nullptr, *v = nullptr;
@@ -477,7 +488,10 @@ void BackwardFloat32(const BackwardProblem& p) {
   const bool parallel = work.tasks() > 1 || work.chunks > 1;
   const bool bf16_path = kBf16KernelsFit && p.query.dtype == DType::bfloat16 && p.key.dtype == DType::bfloat16 &&
                          p.value.dtype == DType::bfloat16 && p.E > 0 && p.Ev > 0 && bf16::chosen();
-  const auto scratch_of_thread = scratch_per_thread<Scratch>(parallel ? threads : 1, p, work.chunk_keys, bf16_path);
+  thread_local ScratchCache<Scratch, ScratchKey> cache;
+  const ScratchKey key{p.E, p.Ev, work.chunk_keys, p.softcap > 0.0, bf16_path};
+  const std::vector<std::unique_ptr<Scratch>>& scratch_of_thread =
+      cache.Get(key, parallel ? threads : 1, p, work.chunk_keys, bf16_path);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
     Scratch& scratch = *scratch_of_thread[static_cast<std::size_t>(omp_get_thread_num())];
@@ -500,6 +514,7 @@ void BackwardFloat32(const BackwardProblem& p) {
       }
     }
   }
+  if (std::max(p.E, p.Ev) > kLargestKeptDim) cache.Release();
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

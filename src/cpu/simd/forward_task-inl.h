@@ -159,14 +159,12 @@ struct Scratch {
 
 // What Scratch's sizes depend on: a calling thread keeps its last call's scratch for its
 // next call with the same (ScratchCache, cpu/scratch.h), unless the head dim is above
-// kLargestKeptDim (the buffers of model head dims are a few hundred KB; a call with a huge
-// one should not hold its memory afterwards).
+// kLargestKeptDim.
 struct ScratchKey {
   std::int64_t E, Ev;
   bool bf16, int8, dropout;
   bool operator==(const ScratchKey&) const = default;
 };
-constexpr std::int64_t kLargestKeptDim = 1024;
 
 // Floats in one subtile's split state (simd/lse_merge-inl.h).
 template <std::size_t kVectors>
