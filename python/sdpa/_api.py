@@ -341,20 +341,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         q, k, v = fw.unsqueeze(q), fw.unsqueeze(k), fw.unsqueeze(v)
         scales = tuple(None if s is None else fw.unsqueeze(s) for s in scales)
 
-    if q.ndim == k.ndim == v.ndim and q.ndim >= 4:
-        heads_q, heads_k, heads_v = q.shape[-3], k.shape[-3], v.shape[-3]
+    # Each shape read once (a torch attribute read costs what the tuple work below does).
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if len(q_shape) == len(k_shape) == len(v_shape) >= 4 and not enable_gqa:
+        heads_q, heads_k, heads_v = q_shape[-3], k_shape[-3], v_shape[-3]
         # The library always applies GQA when head counts differ; torch only with enable_gqa,
         # except for one KV head, which its matmul broadcasts (the same numbers).
-        if not enable_gqa and not (heads_k == heads_v == 1):
+        if not (heads_k == heads_v == 1):
             for name, heads in (("key", heads_k), ("value", heads_v)):
                 if heads != heads_q:
                     raise ValueError(f"{name}: expected {heads_q} heads like the query, got {heads} "
                                      "(pass enable_gqa=True for grouped-query attention)")
 
-    if q.ndim == k.ndim == v.ndim:
+    if len(q_shape) == len(k_shape) == len(v_shape):
         # torch's math broadcasts batch dims of size 1 (matmul); expanded views cost nothing.
-        nb = _batch_dims(q.ndim)
-        shapes = (q.shape[:nb], k.shape[:nb], v.shape[:nb])
+        nb = _batch_dims(len(q_shape))
+        shapes = (q_shape[:nb], k_shape[:nb], v_shape[:nb])
         if not shapes[0] == shapes[1] == shapes[2]:
             try:
                 batch = np.broadcast_shapes(*shapes)

@@ -30,6 +30,7 @@ class _Torch:
         # torch.utils.dlpack (torch.from_dlpack comes from it).
         self.torch = _torch_module()
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
+        self._cpu = self.torch.device("cpu")  # (torch.empty parses a device string each call)
 
     def prepare(self, name, x, output=False):
         """x as the library can read it (`output`: write it) in place, or the error that says
@@ -65,7 +66,7 @@ class _Torch:
         return x
 
     def empty(self, shape, dtype):
-        return self.torch.empty(tuple(shape), dtype=dtype, device="cpu")
+        return self.torch.empty(tuple(shape), dtype=dtype, device=self._cpu)
 
     def export(self, x):
         """x (prepared) as the binding takes it outside autograd: a plain tensor as a DLPack
