@@ -163,7 +163,7 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
     rows = tuple(q.shape[:-1])  # (..., Hq, L)
-    out = fw.empty(rows + tuple(v.shape[-1:]), q.dtype) if out is None else fw.prepare("out", out, output=True)
+    out = fw.output_like(q, v.shape[-1], options.dropout_p) if out is None else fw.prepare("out", out, output=True)
     weights_buffer = fw.empty(rows + tuple(k.shape[-2:-1]), q.dtype) if weights else None
     lse_buffer = fw.empty(rows, fw.lse_dtype(q)) if lse else None
     # The library validates everything (shapes, dtypes, mask broadcasting, overlap) before it

@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from . import _core, _options
-from ._frameworks import _Torch
+from ._frameworks import _Torch, output_like
 
 def _op(name: str, arguments: str, returns: str):
     """torch.library.custom_op over CPU tensors, its schema `arguments` then the options'."""
@@ -92,10 +92,11 @@ def _heads_first(x: torch.Tensor):
 def _attention_forward_body(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
-    out = torch.empty(rows + tuple(value.shape[-1:]), dtype=query.dtype)
+    unflat = _options.unflatten(options)
+    out = output_like(torch, query, value.shape[-1], unflat.dropout_p)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
     _core.forward(_input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes), _input(sinks),
-                  _view(out), None, _view(lse), _core_options(options), mask_name)
+                  _view(out), None, _view(lse), _options.to_core(unflat), mask_name)
     return out, lse
 
 
@@ -107,7 +108,8 @@ attention_forward = _op("attention_forward", "Tensor query, Tensor key, Tensor v
 @attention_forward.register_fake
 def _(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     rows = tuple(query.shape[:-1])
-    return (query.new_empty(rows + tuple(value.shape[-1:])), query.new_empty(rows, dtype=_lse_dtype(query)))
+    return (output_like(torch, query, value.shape[-1], _options.unflatten(options).dropout_p),
+            query.new_empty(rows, dtype=_lse_dtype(query)))
 
 
 def _attention_backward_body(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, grad_lse,
@@ -115,9 +117,10 @@ def _attention_backward_body(grad_output, query, key, value, mask, alibi_slopes,
     """(dq, dk, dv, dmask, dsinks) of one attention call; dmask is empty unless
     `mask_gradient`, dsinks without sinks. `grad_lse`, when the loss used the returned lse
     too, is its gradient."""
-    dq = torch.empty(query.shape, dtype=query.dtype)
-    dk = torch.empty(key.shape, dtype=key.dtype)
-    dv = torch.empty(value.shape, dtype=value.dtype)
+    # Each gradient in its input's memory order (as torch's own backward): the gradient of a
+    # (B, L, H, E) projection's (B, H, L, E) view then flows back through the view without
+    # a copy.
+    dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if mask_gradient else torch.empty(0, dtype=query.dtype)
     dsinks = _sink_gradient_buffer(sinks, query)
     # autograd hands over dO in whatever dtype the output had; the library wants the query's.
@@ -140,7 +143,7 @@ def _(grad_output, query, key, value, mask, alibi_slopes, sinks, output, lse, gr
       *options):
     dmask = mask.new_empty(mask.shape) if mask_gradient else query.new_empty(0)
     dsinks = query.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask, dsinks
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask, dsinks
 
 
 def _sink_gradient_buffer(sinks, query):

@@ -48,6 +48,43 @@ def test_out_buffer_is_written_in_place_in_any_layout():
     oracle.check_close("output", torch.float32, buffer.transpose(1, 2), reference)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_output_takes_the_query_layout_as_torchs_does(grad):
+    """torch's CPU SDPA gives its output the query's memory order where its fused kernel
+    runs (4-D, Ev = E, no dropout): a (B, L, H, E) projection viewed as (B, H, L, E) gets
+    an output whose transpose(1, 2) is contiguous, so a model's .view(B, L, H * E) works.
+    sdpa's output must be laid out the same (with and without autograd), and be right; and
+    its gradients as torch's (each in its input's dim order: no copy on the way back)."""
+    B, L, H, Hkv, E = 2, 6, 4, 2, 8
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, L, H, E, generator=g).transpose(1, 2).requires_grad_(grad)
+    kv = torch.randn(B, L, 2, Hkv, E, generator=g)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    mask = torch.randn(L, L, generator=g)
+    for kwargs in ({}, {"is_causal": True}, {"attn_mask": mask}):
+        ours = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+        theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+        assert ours.stride() == theirs.stride() == (L * H * E, E, H * E, 1), kwargs
+        assert ours.transpose(1, 2).view(B, L, H * E).data_ptr() == ours.data_ptr()
+        oracle.check_close("output", torch.float32, ours.detach(), theirs.detach().double())
+    # A packed query keeps a packed output; so do dropout and Ev != E (torch's math path).
+    packed_q = q.detach().contiguous()
+    assert sdpa.scaled_dot_product_attention(packed_q, k, v, enable_gqa=True).is_contiguous()
+    assert sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, dropout_p=0.5, seed=1).is_contiguous()
+    assert sdpa.scaled_dot_product_attention(q, k, v[..., :5], enable_gqa=True).is_contiguous()
+    if grad:  # the gradient flows through the strided output; the gradients take their inputs' order
+        k, v = k.requires_grad_(), v.requires_grad_()
+        out = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        dq, dk, dv = torch.autograd.grad(out.square().sum(), (q, k, v))
+        torchs = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert [t.stride() for t in (dq, dk, dv)] == [t.stride() for t in torch.autograd.grad(
+            torchs.square().sum(), (q, k, v))] == [q.stride(), (L * Hkv * E, E, Hkv * E, 1), (L * Hkv * E, E, Hkv * E, 1)]
+        q64 = q.detach().double().requires_grad_()
+        reference = torch.nn.functional.scaled_dot_product_attention(q64, k.double(), v.double(), enable_gqa=True)
+        (dq64,) = torch.autograd.grad(reference.square().sum(), q64)
+        oracle.check_close("grad_query", torch.float32, dq, dq64)
+
+
 def test_numpy_views_go_in_without_a_copy():
     """Negative strides, a read-only broadcast view and a Fortran-ordered array."""
     rng = np.random.default_rng(0)

@@ -452,6 +452,25 @@ def test_torch_compile_fullgraph_matches_eager():
         assert torch.equal(a, b)
 
 
+def test_torch_compile_with_the_projection_layout_matches_eager():
+    """Inputs viewed from (B, L, H, E) projections: the output takes that layout (as torch's,
+    test_api.py), and the custom op's fake output must say so, or the compiled graph's
+    view of it would read the wrong elements."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 9, 4, 8, generator=g).transpose(1, 2).requires_grad_() for _ in range(3))
+
+    def f(q, k, v):
+        out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).view(2, 9, 32)
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
+    for a, b in zip(torch.autograd.grad(eager.square().sum(), (q, k, v)),
+                    torch.autograd.grad(compiled.square().sum(), (q, k, v))):
+        assert torch.equal(a, b)
+
+
 def test_eager_calls_give_the_custom_ops_bits():
     """Outside torch.compile a call takes the custom op's eager twin (_autograd._differentiable: the same
     forward and backward bodies without torch.library's dispatch); its outputs and every
