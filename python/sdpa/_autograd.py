@@ -117,9 +117,10 @@ def _attention_backward_body(grad_output, query, key, value, mask, alibi_slopes,
     """(dq, dk, dv, dmask, dsinks) of one attention call; dmask is empty unless
     `mask_gradient`, dsinks without sinks. `grad_lse`, when the loss used the returned lse
     too, is its gradient."""
-    # Each gradient in its input's memory order (as torch's own backward): the gradient of a
-    # (B, L, H, E) projection's (B, H, L, E) view then flows back through the view without
-    # a copy.
+    # Each gradient in its input's memory order: the gradient of a (B, L, H, E)
+    # projection's (B, H, L, E) view then flows back through the view without a copy, as
+    # torch's does (torch's own are always in (B, L, H, E) order, the same there; for a
+    # packed input sdpa's stays packed, where torch's would need a copy on the way back).
     dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if mask_gradient else torch.empty(0, dtype=query.dtype)
     dsinks = _sink_gradient_buffer(sinks, query)

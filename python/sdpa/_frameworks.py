@@ -156,14 +156,14 @@ class _NumPy:
 
 def output_like(torch, query, value_dim, dropout_p):
     """The output buffer (..., Hq, L, Ev) of a torch call, laid out as PyTorch's CPU
-    scaled_dot_product_attention lays out its own: where its fused kernel runs (rank <= 4,
-    the last dim innermost, Ev = E, no dropout) in the query's memory order
+    scaled_dot_product_attention lays out its own: where its fused kernel runs (rank 4, the
+    last dim innermost, Ev = E, no dropout) in the query's memory order
     (torch.empty_like), so that the output of a (B, L, H, E) projection viewed as (B, H, L,
     E) has a contiguous .transpose(1, 2) — a model's .view(B, L, H * E) works as with
     torch, and nothing is copied — and elsewhere packed, as torch's math path leaves it."""
     if query.dim() == 4 and query.shape[-1] == value_dim and query.stride(-1) == 1 and dropout_p == 0:
         return torch.empty_like(query)
-    return torch.empty(tuple(query.shape[:-1]) + (value_dim,), dtype=query.dtype)
+    return query.new_empty(tuple(query.shape[:-1]) + (value_dim,))  # its dtype and device
 
 
 def _framework(query):

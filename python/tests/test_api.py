@@ -54,7 +54,8 @@ def test_output_takes_the_query_layout_as_torchs_does(grad):
     runs (4-D, Ev = E, no dropout): a (B, L, H, E) projection viewed as (B, H, L, E) gets
     an output whose transpose(1, 2) is contiguous, so a model's .view(B, L, H * E) works.
     sdpa's output must be laid out the same (with and without autograd), and be right; and
-    its gradients as torch's (each in its input's dim order: no copy on the way back)."""
+    its gradients as torch's where the inputs come from such projections (torch's are
+    always in (B, L, H, E) order; sdpa's in their input's: no copy on the way back)."""
     B, L, H, Hkv, E = 2, 6, 4, 2, 8
     g = torch.Generator().manual_seed(3)
     q = torch.randn(B, L, H, E, generator=g).transpose(1, 2).requires_grad_(grad)
@@ -69,10 +70,11 @@ def test_output_takes_the_query_layout_as_torchs_does(grad):
         oracle.check_close("output", torch.float32, ours.detach(), theirs.detach().double())
     # A packed query keeps a packed output; so do dropout and Ev != E (torch's math path).
     packed_q = q.detach().contiguous()
-    assert sdpa.scaled_dot_product_attention(packed_q, k, v, enable_gqa=True).is_contiguous()
-    assert sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, dropout_p=0.5, seed=1).is_contiguous()
-    assert sdpa.scaled_dot_product_attention(q, k, v[..., :5], enable_gqa=True).is_contiguous()
-    if grad:  # the gradient flows through the strided output; the gradients take their inputs' order
+    for args, kwargs in (((packed_q, k, v), {}), ((q, k, v), {"dropout_p": 0.5}), ((q, k, v[..., :5]), {})):
+        ours = sdpa.scaled_dot_product_attention(*args, enable_gqa=True, **kwargs)
+        theirs = torch.nn.functional.scaled_dot_product_attention(*args, enable_gqa=True, **kwargs)
+        assert ours.is_contiguous() and ours.stride() == theirs.stride(), kwargs
+    if grad:  # the gradient flows through the strided output; the gradients in their inputs' order
         k, v = k.requires_grad_(), v.requires_grad_()
         out = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         dq, dk, dv = torch.autograd.grad(out.square().sum(), (q, k, v))

@@ -39,7 +39,8 @@ std::vector<std::unique_ptr<Scratch>> scratch_per_thread(int threads, const Args
 }
 
 // Scratch is kept between calls only for head dims up to this: a model's head dims make
-// buffers of a few hundred KB; a call with a huge one should not hold its memory after.
+// buffers of tens to hundreds of KB a thread; a call with a huge one should not hold its
+// memory after.
 constexpr std::int64_t kLargestKeptDim = 1024;
 
 // The per-thread scratch of a calling thread's last call, kept for its next call while

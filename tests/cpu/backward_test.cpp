@@ -534,24 +534,25 @@ TEST(CpuBackward, KeyChunksMatchOracle) {
     }
 }
 
-// The fast path in float64 (the portable tiled kernel) against central differences of
-// its own forward.
 // A thread keeps its last backward's scratch for the next call whose sizes are the same
 // (ScratchCache, as the forward's). Calls in one thread that change each thing those
-// sizes depend on — E, Ev, the softcap's buffer, the key chunk (S), bfloat16 — and come
-// back, each against the oracle (the sanitizer build sees any buffer a stale scratch
-// overruns: a softcap call after one without writes kKeyTile rows of tanh).
+// sizes depend on — E, Ev, the softcap's buffer, the key chunk (S), bfloat16 on either of
+// its paths — and come back, each against the oracle (the sanitizer build sees any buffer
+// a stale scratch overruns: a softcap call after one without writes kKeyTile rows of
+// tanh). S = 3000 at E = 96 has dK and dV over kLargestKeptChunkFloats: made again by the
+// call after it.
 TEST(CpuBackward, ConsecutiveCallsOfChangingShapesMatchOracle) {
   struct Step {
     DType dtype;
     std::int64_t S, E, Ev;
     double softcap;
   };
-  const Step steps[] = {{DType::float32, 40, 16, 16, 0.0},  {DType::float32, 40, 16, 16, 5.0},
-                        {DType::float32, 40, 16, 16, 0.0},  {DType::float32, 40, 96, 40, 0.0},
-                        {DType::bfloat16, 40, 96, 40, 2.0}, {DType::float32, 3000, 16, 16, 0.0},
-                        {DType::float32, 40, 16, 16, 5.0},  {DType::float32, 40, 16, 130, 0.0}};
-  for (const Step& step : steps) {
+  const Step steps[] = {{DType::float32, 40, 16, 16, 0.0},   {DType::float32, 40, 16, 16, 5.0},
+                        {DType::float32, 40, 16, 16, 0.0},   {DType::float32, 40, 96, 40, 0.0},
+                        {DType::bfloat16, 40, 96, 40, 2.0},  {DType::float32, 3000, 16, 16, 0.0},
+                        {DType::float32, 3000, 96, 40, 0.0}, {DType::float32, 3000, 96, 40, 0.0},
+                        {DType::float32, 40, 16, 16, 5.0},   {DType::float32, 40, 16, 130, 0.0}};
+  auto run = [](const Step& step) {
     Case c;
     c.dtype = step.dtype;
     c.batch = {1};
@@ -559,9 +560,17 @@ TEST(CpuBackward, ConsecutiveCallsOfChangingShapesMatchOracle) {
     c.softcap = step.softcap;
     c.causal = Causal::bottom_right;
     expect_gradients_agree(c, 9);
+  };
+  for (const Step& step : steps) {
+    if (step.dtype == DType::bfloat16)
+      for_each_bfloat16_path([&] { run(step); });
+    else
+      run(step);
   }
 }
 
+// The fast path in float64 (the portable tiled kernel) against central differences of
+// its own forward.
 TEST(CpuBackward, Float64MatchesFiniteDifferences) {
   std::mt19937_64 rng(13);
   Tensor q = random_tensor(DType::float64, {2, 4, 5, 3}, rng), k = random_tensor(DType::float64, {2, 2, 7, 3}, rng),

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -108,7 +109,9 @@ TEST(CpuForward, InterleavedStridedInputs) {
 // The lse is written a run of consecutive rows at a time (StoreOutputs): into a strided
 // buffer — (B, L, Hq) memory viewed as (B, Hq, L), and L reversed by a negative stride —
 // it must land on the same values as a packed one (which the oracle tests check), a GQA
-// subtile's runs broken at each head (L = 33), and leave the elements between alone.
+// subtile's runs broken at each head (L = 33), and leave the elements between alone. A
+// float32 lse 2 bytes off float alignment (a NumPy view can be) takes the per-element
+// store: the same values.
 TEST(CpuForward, StridedLseMatchesPacked) {
   std::mt19937_64 rng(7);
   const std::int64_t B = 2, Hq = 4, Hkv = 2, L = 33, S = 40, E = 24;
@@ -141,6 +144,16 @@ TEST(CpuForward, StridedLseMatchesPacked) {
               << "reversed=" << reversed << " b=" << b << " h=" << h << " i=" << i;
           EXPECT_EQ(data[at + 1], kUntouched) << "a gap written, reversed=" << reversed;
         }
+  }
+
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(packed.numel()) * sizeof(float) + 2);
+  TensorView misaligned = packed.view();
+  misaligned.data = bytes.data() + (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0 ? 2 : 0);
+  forward(q.view(), k.view(), v.view(), {out.view(), std::nullopt, misaligned}, options);
+  for (std::int64_t n = 0; n < packed.numel(); ++n) {
+    float value = 0.0f;
+    std::memcpy(&value, static_cast<const unsigned char*>(misaligned.data) + n * sizeof(float), sizeof(float));
+    EXPECT_EQ(value, packed.get(n)) << "misaligned, at " << n;
   }
 }
 

@@ -144,14 +144,21 @@ struct Scratch {
 
 // What Scratch's sizes depend on: a calling thread keeps its last call's scratch for its
 // next call with the same (ScratchCache, cpu/scratch.h; as the forward's), unless the
-// head dim is above kLargestKeptDim. Made per call, by the calling thread for every
-// thread, it was 2-7% of a small training backward on two threads (B = 16, Hq = 4, L =
-// S = 64, E = 16: 0.347 -> 0.324 ms; bench/RESULTS.md, "The lse").
+// head dim is above kLargestKeptDim or the key chunk's dK and dV above
+// kLargestKeptChunkFloats. Made per call, by the calling thread for every thread, it was
+// 2-7% of a small training backward on two threads (B = 16, Hq = 4, L = S = 64, E = 16:
+// 0.347 -> 0.324 ms; bench/RESULTS.md, "The backward's scratch").
 struct ScratchKey {
   std::int64_t E, Ev, chunk_keys;
   bool softcap, bf16;
   bool operator==(const ScratchKey&) const = default;
 };
+
+// Unlike the rest of Scratch, dK and dV grow with the key chunk (up to the whole
+// sequence): kept only up to 1 MiB a thread (S = 1024 at E = Ev = 128), so that a long
+// sequence's backward does not hold megabytes per thread after it returns; making them
+// is nothing next to such a call's work.
+constexpr std::int64_t kLargestKeptChunkFloats = std::int64_t{1} << 18;
 
 // One key tile's K and V as the kernels read them: float32 rows, or bfloat16 rows.
 struct KeyValueTile {
@@ -514,7 +521,9 @@ void BackwardFloat32(const BackwardProblem& p) {
       }
     }
   }
-  if (std::max(p.E, p.Ev) > kLargestKeptDim) cache.Release();
+  if (std::max(p.E, p.Ev) > kLargestKeptDim ||
+      work.chunk_keys * (scratch_of_thread[0]->E_pad + scratch_of_thread[0]->Ev_pad) > kLargestKeptChunkFloats)
+    cache.Release();
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -59,6 +59,7 @@
 #include "cpu/simd/bf16_kernels.h"
 #include "cpu/simd/int8_kernels.h"
 #include "hwy/aligned_allocator.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/decode_rows-inl.h"
@@ -643,7 +644,9 @@ class Task {
                 lse + lane0);
     }
     // A float32 lse (every input dtype but float64) a run of consecutive rows at a time:
-    // the generic per-element store was another twentieth of that forward.
+    // the generic per-element store was another twentieth of that forward. (Not through
+    // FloatRows and Transpose as the output: the lse operand is (rows, 1) with column
+    // stride 0, and one float a row needs no transpose.)
     const Operand& out = p_.lse;
     if (out.dtype == DType::float32 && !out.paged() &&
         reinterpret_cast<std::uintptr_t>(out.data) % alignof(float) == 0) {
