@@ -535,12 +535,14 @@ TEST(CpuBackward, KeyChunksMatchOracle) {
 }
 
 // A thread keeps its last backward's scratch for the next call whose sizes are the same
-// (ScratchCache, as the forward's). Calls in one thread that change each thing those
-// sizes depend on — E, Ev, the softcap's buffer, the key chunk (S), bfloat16 on either of
-// its paths — and come back, each against the oracle (the sanitizer build sees any buffer
-// a stale scratch overruns: a softcap call after one without writes kKeyTile rows of
-// tanh). S = 3000 at E = 96 has dK and dV over kLargestKeptChunkFloats: made again by the
-// call after it.
+// (ScratchCache, as the forward's). Calls in one thread that change each thing those sizes
+// depend on — E, Ev, the softcap's buffer, the key chunk (S), bfloat16 on either of its
+// paths — each alone from the step before (S = 200 and 3000 both run on all threads, S =
+// 40 on one: the thread count is part of what the cache compares), and come back, each
+// against the oracle (the sanitizer build sees any buffer a stale scratch overruns: a
+// softcap call after one without writes kKeyTile rows of tanh; a longer chunk writes past
+// a kept dK). S = 3000 at E = 96 has dK and dV over kLargestKeptChunkFloats: released,
+// made again by the call after it.
 TEST(CpuBackward, ConsecutiveCallsOfChangingShapesMatchOracle) {
   struct Step {
     DType dtype;
@@ -548,8 +550,9 @@ TEST(CpuBackward, ConsecutiveCallsOfChangingShapesMatchOracle) {
     double softcap;
   };
   const Step steps[] = {{DType::float32, 40, 16, 16, 0.0},   {DType::float32, 40, 16, 16, 5.0},
-                        {DType::float32, 40, 16, 16, 0.0},   {DType::float32, 40, 96, 40, 0.0},
-                        {DType::bfloat16, 40, 96, 40, 2.0},  {DType::float32, 3000, 16, 16, 0.0},
+                        {DType::float32, 200, 16, 16, 0.0},  {DType::float32, 3000, 16, 16, 0.0},
+                        {DType::float32, 200, 16, 16, 0.0},  {DType::float32, 40, 96, 40, 0.0},
+                        {DType::bfloat16, 40, 96, 40, 0.0},  {DType::bfloat16, 40, 96, 40, 2.0},
                         {DType::float32, 3000, 96, 40, 0.0}, {DType::float32, 3000, 96, 40, 0.0},
                         {DType::float32, 40, 16, 16, 5.0},   {DType::float32, 40, 16, 130, 0.0}};
   auto run = [](const Step& step) {

@@ -154,10 +154,11 @@ struct ScratchKey {
   bool operator==(const ScratchKey&) const = default;
 };
 
-// Unlike the rest of Scratch, dK and dV grow with the key chunk (up to the whole
-// sequence): kept only up to 1 MiB a thread (S = 1024 at E = Ev = 128), so that a long
-// sequence's backward does not hold megabytes per thread after it returns; making them
-// is nothing next to such a call's work.
+// Unlike the rest of Scratch, dK and dV grow with the key chunk (up to 16384 keys):
+// kept only up to 1 MiB a thread (at E = Ev = 128: a chunk of 960 keys, S <= 960, the
+// chunk being whole key tiles), so that a long sequence's backward does not hold
+// megabytes per thread after it returns; making them is nothing next to such a call's
+// work.
 constexpr std::int64_t kLargestKeptChunkFloats = std::int64_t{1} << 18;
 
 // One key tile's K and V as the kernels read them: float32 rows, or bfloat16 rows.
