@@ -549,12 +549,12 @@ TEST(CpuBackward, ConsecutiveCallsOfChangingShapesMatchOracle) {
     std::int64_t S, E, Ev;
     double softcap;
   };
-  const Step steps[] = {{DType::float32, 40, 16, 16, 0.0},   {DType::float32, 40, 16, 16, 5.0},
-                        {DType::float32, 200, 16, 16, 0.0},  {DType::float32, 3000, 16, 16, 0.0},
-                        {DType::float32, 200, 16, 16, 0.0},  {DType::float32, 40, 96, 40, 0.0},
-                        {DType::bfloat16, 40, 96, 40, 0.0},  {DType::bfloat16, 40, 96, 40, 2.0},
-                        {DType::float32, 3000, 96, 40, 0.0}, {DType::float32, 3000, 96, 40, 0.0},
-                        {DType::float32, 40, 16, 16, 5.0},   {DType::float32, 40, 16, 130, 0.0}};
+  const Step steps[] = {
+      {DType::float32, 40, 16, 16, 0.0},  {DType::float32, 40, 16, 16, 5.0},   {DType::float32, 40, 16, 16, 0.0},
+      {DType::float32, 40, 96, 16, 0.0},  {DType::float32, 40, 96, 40, 0.0},   {DType::bfloat16, 40, 96, 40, 0.0},
+      {DType::bfloat16, 40, 96, 40, 2.0}, {DType::float32, 200, 16, 16, 0.0},  {DType::float32, 3000, 16, 16, 0.0},
+      {DType::float32, 200, 16, 16, 0.0}, {DType::float32, 3000, 96, 40, 0.0}, {DType::float32, 3000, 96, 40, 0.0},
+      {DType::float32, 40, 16, 130, 0.0}};
   auto run = [](const Step& step) {
     Case c;
     c.dtype = step.dtype;
