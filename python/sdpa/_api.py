@@ -162,10 +162,12 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
-    rows = tuple(q.shape[:-1])  # (..., Hq, L)
     out = fw.output_like(q, v.shape[-1], options.dropout_p) if out is None else fw.prepare("out", out, output=True)
-    weights_buffer = fw.empty(rows + tuple(k.shape[-2:-1]), q.dtype) if weights else None
-    lse_buffer = fw.empty(rows, fw.lse_dtype(q)) if lse else None
+    weights_buffer = lse_buffer = None
+    if weights or lse:  # (a shape's slice costs more than half a µs: not in a plain call)
+        rows = tuple(q.shape[:-1])  # (..., Hq, L)
+        weights_buffer = fw.empty(rows + tuple(k.shape[-2:-1]), q.dtype) if weights else None
+        lse_buffer = fw.empty(rows, fw.lse_dtype(q)) if lse else None
     # The library validates everything (shapes, dtypes, mask broadcasting, overlap) before it
     # writes anything; its errors arrive as TypeError / ValueError. No gradient is wanted
     # here: the tensors go as DLPack views of the caller's memory (fw.export).

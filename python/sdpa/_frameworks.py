@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from . import _core
+
 
 def _torch_module():
     # torch is optional: it is only touched when the caller passes torch tensors, and then it
@@ -30,6 +32,9 @@ class _Torch:
         # torch.utils.dlpack (torch.from_dlpack comes from it).
         self.torch = _torch_module()
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
+        # The binding reads a plain torch.Tensor itself (DLPack's C exchange API, torch
+        # 2.10 and later) where it can: no capsule to make (export, below).
+        self._in_place = _core.reads_in_place(self.torch.empty(0))
         self._cpu = self.torch.device("cpu")  # (torch.empty parses a device string each call)
 
     def prepare(self, name, x, output=False):
@@ -72,16 +77,18 @@ class _Torch:
         return output_like(self.torch, query, value_dim, dropout_p)
 
     def export(self, x):
-        """x (prepared) as the binding takes it outside autograd: a plain tensor as a DLPack
-        capsule from torch's C exporter — Tensor.__dlpack__, which the binding would call,
-        spends ~4 µs a tensor in Python on checks `prepare` has made (layout, device, the
-        lazy bits) or that do not apply (requires_grad: no gradient is wanted here), as much
-        as a small problem's whole computation (docs/performance.md, "Small problems").
-        A subclass keeps its own __dlpack__, detached."""
+        """x (prepared) as the binding takes it outside autograd: a plain tensor as it is,
+        which the binding reads through torch's DLPack C exchange API (python/src/
+        tensor_argument.h), or, with an older torch, as a DLPack capsule from torch's C
+        exporter — Tensor.__dlpack__, which the binding would call, spends ~4 µs a tensor
+        in Python on checks `prepare` has made (layout, device, the lazy bits) or that do
+        not apply (requires_grad: no gradient is wanted here), as much as a small problem's
+        whole computation (docs/performance.md, "Small problems"). A subclass keeps its own
+        __dlpack__, detached."""
         if x is None:
             return None
         if type(x) is self.torch.Tensor:
-            return self._to_dlpack(x)
+            return x if self._in_place else self._to_dlpack(x)
         return x.detach()
 
     def lse_dtype(self, query):

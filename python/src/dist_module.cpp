@@ -14,6 +14,7 @@
 #include "arrays.h"
 #include "errors.h"
 #include "sdpa/sdpa.h"
+#include "tensor_argument.h"
 
 #ifdef SDPA_HAVE_MPI
 #include "sdpa/distributed.h"
@@ -24,8 +25,8 @@ namespace nb = nanobind;
 namespace {
 
 #ifdef SDPA_HAVE_MPI
-using Input = nb::ndarray<nb::ro>;
-using Output = nb::ndarray<>;
+using Input = sdpa_python::TensorArgument<nb::ro>;
+using Output = sdpa_python::TensorArgument<>;
 
 // The Python side has already checked devices and dtypes (torch tensors on the CPU), on
 // every rank together (sdpa/distributed.py's agreement): an error here would be one

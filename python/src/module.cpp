@@ -1,5 +1,6 @@
-// sdpa._core: the bindings the Python package calls. Tensors arrive through DLPack (torch)
-// or the buffer protocol / DLPack (NumPy) as nb::ndarray, and are handed to sdpa::forward
+// sdpa._core: the bindings the Python package calls. Tensors arrive as torch tensors (read
+// through DLPack's C exchange API), DLPack capsules or NumPy arrays (tensor_argument.h),
+// and are handed to sdpa::forward
 // (backward, and their varlen and paged forms) as TensorViews over the caller's memory: any
 // strides, no copy. The outputs are buffers the Python side allocated (torch.empty /
 // np.empty), written in place, so nothing is copied on the way out either. The scalar
@@ -20,6 +21,7 @@
 #include "errors.h"
 #include "options.h"
 #include "sdpa/sdpa.h"
+#include "tensor_argument.h"
 
 namespace nb = nanobind;
 using sdpa_python::python_message;
@@ -34,8 +36,8 @@ void register_dist(nb::module_& m);
 namespace {
 
 // Inputs are only read: accept read-only arrays (np.broadcast_to, torch.expand) too.
-using Input = nb::ndarray<nb::ro>;
-using Output = nb::ndarray<>;
+using Input = sdpa_python::TensorArgument<nb::ro>;
+using Output = sdpa_python::TensorArgument<>;
 
 // The data pointers of the last call, for the package's zero-copy tests: they show that the
 // memory the library read and wrote is the caller's own, not a packed copy.
@@ -347,6 +349,11 @@ NB_MODULE(_core, m) {
   register_nn(m);
   register_dist(m);
 
+  m.def(
+      "reads_in_place", [](nb::handle tensor) { return sdpa_python::exchange_api(tensor) != nullptr; },
+      nb::arg("tensor"),
+      "Whether the functions read `tensor` itself, through its type's DLPack C exchange API (a torch.Tensor "
+      "from DLPack 1.3 on), rather than a DLPack capsule of it.");
   m.def("version", []() { return std::string(sdpa::version()); });
   m.def("runtime_info", []() {
     const sdpa::RuntimeInfo info = sdpa::runtime_info();

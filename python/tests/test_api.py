@@ -36,6 +36,43 @@ def test_torch_views_go_in_and_out_without_a_copy():
     oracle.check_close("output", torch.float32, out, reference)
 
 
+EXCHANGES = sdpa._core.reads_in_place(torch.empty(0))
+
+
+@pytest.mark.skipif(not EXCHANGES, reason="this torch has no DLPack C exchange API (DLPack 1.3)")
+def test_torch_tensors_are_read_through_the_dlpack_exchange_api():
+    """A plain torch.Tensor reaches the binding as it is and is read through its type's
+    DLPack C exchange API (python/src/tensor_argument.h); what is read — pointer with the
+    storage offset, dtype, shape, strides (transposed, expanded) — must be what a DLPack
+    capsule of the same tensor says: the two give the same bits, into the caller's memory.
+    Subclasses, NumPy arrays and capsules take nb::ndarray's import; a tensor the API
+    refuses is a TypeError, not a crash."""
+    core = sdpa._core
+    assert core.reads_in_place(torch.empty(2)) and not core.reads_in_place(np.empty(2))
+    assert not core.reads_in_place(torch.nn.Parameter(torch.empty(2)))  # a subclass keeps __dlpack__
+    assert not core.reads_in_place(torch.utils.dlpack.to_dlpack(torch.empty(2)))
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(3, 2, 9, 16, generator=g)
+    q = base[1:, :, 2:, :]  # a storage offset
+    k = torch.randn(1, 2, 5, 16, generator=g).expand(2, 2, 5, 16)  # stride 0
+    v = torch.randn(2, 5, 2, 8, generator=g).transpose(1, 2)  # transposed
+    options = sdpa._options.to_core(sdpa._options.make_options(None))
+    outputs = []
+    for export in (lambda t: t, torch.utils.dlpack.to_dlpack):
+        out = torch.full((2, 7, 2, 8), float("nan")).transpose(1, 2)
+        core.forward(export(q), export(k), export(v), None, None, None, export(out), None, None, options)
+        seen = core.last_call()
+        assert (seen["query"], seen["key"], seen["value"], seen["output"]) == tuple(
+            t.data_ptr() for t in (q, k, v, out))
+        outputs.append(out)
+    assert torch.equal(outputs[0], outputs[1])
+    reference = oracle.torch_sdpa(q.double(), k.double(), v.double())
+    oracle.check_close("output", torch.float32, outputs[0], reference)
+    sparse = torch.eye(4).to_sparse()
+    with pytest.raises(TypeError):
+        core.forward(sparse, sparse, sparse, None, None, None, torch.empty(4, 4), None, None, options)
+
+
 def test_out_buffer_is_written_in_place_in_any_layout():
     """out= a (B, L, H, Ev) buffer's transposed view: the result is that buffer, and the
     caller gets the (B, L, H·Ev) layout a following projection wants without a copy."""
