@@ -17,17 +17,21 @@ namespace sdpa {
 namespace {
 
 // The problems of one call: one, or a varlen or paged call's sequences.
-void run(const std::vector<detail::Problem>& problems, Backend backend) {
+void run(const detail::Problem* problems, std::size_t count, Backend backend) {
   switch (backend) {
     case Backend::reference:
-      for (const detail::Problem& problem : problems)
-        if (problem.batch * problem.heads_q * problem.L > 0) detail::reference_forward(problem);
+      for (std::size_t i = 0; i < count; ++i)
+        if (problems[i].batch * problems[i].heads_q * problems[i].L > 0) detail::reference_forward(problems[i]);
       return;
     case Backend::automatic:
     case Backend::cpu:
-      detail::cpu_forward(problems.data(), static_cast<std::int64_t>(problems.size()));
+      detail::cpu_forward(problems, static_cast<std::int64_t>(count));
       return;
   }
+}
+
+void run(const std::vector<detail::Problem>& problems, Backend backend) {
+  run(problems.data(), problems.size(), backend);
 }
 
 // The allocating forms: buffers of the shapes the checks give, then the buffer form.
@@ -48,7 +52,9 @@ ForwardResult allocate(const detail::OutputShapes& shapes, Returns returns, Forw
 void forward(const TensorView& query, const TensorView& key, const TensorView& value, const ForwardOutputs& outputs,
              const Options& options) {
   const detail::CheckedInputs inputs = detail::check_inputs(query, key, value, options);
-  run({detail::make_problem(inputs, outputs)}, options.backend);
+  // (Not a vector of one: a Problem's copy copies its operands' per-matrix offsets.)
+  const detail::Problem problem = detail::make_problem(inputs, outputs);
+  run(&problem, 1, options.backend);
 }
 
 ForwardResult forward(const TensorView& query, const TensorView& key, const TensorView& value, const Options& options,

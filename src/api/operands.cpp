@@ -28,7 +28,8 @@ Operand make_operand(const TensorView& view, const Shape& batch_shape, std::int6
 }
 
 Operand make_operand(const TensorView& view, const Shape& batch_shape, std::int64_t heads) {
-  return make_operand(view, batch_shape, heads, view.effective_strides());
+  Shape packed;
+  return make_operand(view, batch_shape, heads, strides_of(view, packed));
 }
 
 Operand lse_operand(const TensorView& lse, const Shape& batch_shape, std::int64_t heads_q) {
@@ -42,7 +43,8 @@ Shape mask_broadcast_strides(const TensorView& mask, const Shape& target) {
   if (mr > tr)
     fail("mask", "expected at most " + std::to_string(tr) + " dims, broadcastable to " + shape_string(target) +
                      ", got shape " + shape_string(mask.shape));
-  const Shape mask_strides = mask.effective_strides();
+  Shape packed;
+  const Shape& mask_strides = strides_of(mask, packed);
   Shape strides(tr, 0);
   for (std::size_t d = 0; d < mr; ++d) {
     const std::size_t t = tr - mr + d;

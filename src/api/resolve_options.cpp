@@ -39,7 +39,8 @@ void check_per_head(const TensorView& view, const char* name, const Shape& batch
 // A per-head tensor's value for each query matrix b · Hq + h, whichever of the two shapes
 // it has.
 std::vector<double> per_query_matrix(const TensorView& view, std::int64_t batch, std::int64_t heads_q) {
-  const Shape strides = view.effective_strides();
+  Shape packed;
+  const Shape& strides = strides_of(view, packed);
   const bool per_batch = view.rank() > 1;
   std::vector<double> values(static_cast<std::size_t>(batch * heads_q));
   for (std::int64_t b = 0; b < batch; ++b)

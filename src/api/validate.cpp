@@ -2,6 +2,7 @@
 // any output is sized, make_problem / make_backward_problem once the buffers exist.
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -12,22 +13,28 @@ namespace sdpa::detail {
 
 namespace {
 
-// Layout of one of query/key/value: (batch..., heads, rows, cols).
+// Layout of one of query/key/value: (batch..., heads, rows, cols). The batch dims are
+// the view's leading `batch_rank` sizes, read in place (no copy per check).
 struct Dims {
-  Shape batch;
+  const TensorView* view;
+  std::size_t batch_rank;
   std::int64_t heads, rows, cols;
+
+  Shape batch() const {
+    return Shape(view->shape.begin(), view->shape.begin() + static_cast<std::ptrdiff_t>(batch_rank));
+  }
+  bool same_batch(const Dims& other) const {
+    return batch_rank == other.batch_rank &&
+           std::equal(view->shape.begin(), view->shape.begin() + static_cast<std::ptrdiff_t>(batch_rank),
+                      other.view->shape.begin());
+  }
 };
 // Rank >= 4 is (batch..., heads, rows, cols); rank 3 is the seeds' (batch, rows, cols)
 // with one head; rank 2 one matrix.
 Dims split(const TensorView& t) {
   const std::size_t r = t.shape.size();
   const std::size_t matrix_dims = r >= 4 ? 3 : 2;
-  Dims d;
-  d.cols = t.shape[r - 1];
-  d.rows = t.shape[r - 2];
-  d.heads = r >= 4 ? t.shape[r - 3] : 1;
-  d.batch.assign(t.shape.begin(), t.shape.end() - static_cast<std::ptrdiff_t>(matrix_dims));
-  return d;
+  return {&t, r - matrix_dims, r >= 4 ? t.shape[r - 3] : 1, t.shape[r - 2], t.shape[r - 1]};
 }
 
 }  // namespace
@@ -94,10 +101,10 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
   check_kv_scale(value, options.value_scale, "value", "options.value_scale");
 
   const Dims q = split(query), k = split(key), v = split(value);
-  if (k.batch != q.batch)
-    fail("key", "expected batch dims " + shape_string(q.batch) + " like the query, got " + shape_string(k.batch));
-  if (v.batch != q.batch)
-    fail("value", "expected batch dims " + shape_string(q.batch) + " like the query, got " + shape_string(v.batch));
+  if (!k.same_batch(q))
+    fail("key", "expected batch dims " + shape_string(q.batch()) + " like the query, got " + shape_string(k.batch()));
+  if (!v.same_batch(q))
+    fail("value", "expected batch dims " + shape_string(q.batch()) + " like the query, got " + shape_string(v.batch()));
   if (k.cols != q.cols)
     fail("key", "expected head dim E = " + std::to_string(q.cols) + " (the query's), got " + std::to_string(k.cols));
   if (q.cols < 1) fail("query", "expected head dim E >= 1, got shape " + shape_string(query.shape));
@@ -111,19 +118,18 @@ CheckedInputs check_inputs(const TensorView& query, const TensorView& key, const
     fail("key", "expected a head count dividing the query's " + std::to_string(q.heads) + " (GQA), got " +
                     std::to_string(k.heads));
 
-  in.batch_shape = q.batch;
+  in.batch_shape = q.batch();
   in.heads_q = q.heads;
   in.heads_kv = k.heads;
   in.L = q.rows;
   in.S = k.rows;
   in.E = q.cols;
   in.Ev = v.cols;
-  Shape leading(query.shape.begin(), query.shape.end() - 1);  // (batch..., Hq, L)
-  in.lse_shape = leading;
-  in.output_shape = leading;
-  in.output_shape.push_back(in.Ev);
-  in.weights_shape = leading;
-  in.weights_shape.push_back(in.S);
+  in.lse_shape.assign(query.shape.begin(), query.shape.end() - 1);  // (batch..., Hq, L)
+  in.output_shape = query.shape;
+  in.output_shape.back() = in.Ev;
+  in.weights_shape = query.shape;
+  in.weights_shape.back() = in.S;
   in.lse_dtype = query.dtype == DType::float64 ? DType::float64 : DType::float32;
 
   if (options.mask) {
@@ -142,6 +148,7 @@ namespace {
 // The spans of query, key, value, the mask and the per-head tensors.
 std::vector<Span> input_spans_of(const CheckedInputs& in) {
   std::vector<Span> spans = per_head_spans(*in.options);
+  spans.reserve(spans.size() + 4);
   for (const auto& [view, name] : {std::pair{in.query, "query"}, {in.key, "key"}, {in.value, "value"}})
     spans.push_back(check_view(*view, name));
   if (in.options->mask) spans.push_back(check_view(*in.options->mask, "mask"));

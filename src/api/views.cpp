@@ -53,7 +53,8 @@ Span check_view(const TensorView& view, const std::string& name) {
   }
   if (count == 0) return {};
   if (view.data == nullptr) fail(name, "expected data for " + std::to_string(count) + " elements, got a null pointer");
-  const Shape strides = view.effective_strides();
+  Shape packed;
+  const Shape& strides = strides_of(view, packed);
   std::int64_t low = 0, high = 0;  // element offsets of the extreme elements
   for (std::size_t d = 0; d < view.shape.size(); ++d) {
     const std::int64_t reach = checked_mul(view.shape[d] - 1, strides[d], name);
@@ -72,7 +73,8 @@ namespace {
 // ordered by |stride|, each stride steps past everything the smaller ones reach.
 void check_no_self_overlap(const TensorView& view, const std::string& name) {
   if (view.numel() == 0) return;  // nothing is written (NumPy gives empty arrays zero strides)
-  const Shape strides = view.effective_strides();
+  Shape packed;
+  const Shape& strides = strides_of(view, packed);
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (|stride|, size)
   for (std::size_t d = 0; d < view.shape.size(); ++d)
     if (view.shape[d] > 1) dims.emplace_back(std::abs(strides[d]), view.shape[d]);

@@ -41,6 +41,17 @@ struct Span {
   }
 };
 
+// `view`'s strides: its own, or, when it gives none, the row-major strides of its shape,
+// made in `packed`. What TensorView::effective_strides() says, without copying the view's
+// own: the checks read each tensor's strides several times, and those copies were a
+// quarter of a small call's heap allocations (docs/performance.md, "What is left of a
+// small call from Python").
+inline const Shape& strides_of(const TensorView& view, Shape& packed) {
+  if (!view.strides.empty()) return view.strides;
+  packed = contiguous_strides(view.shape);
+  return packed;
+}
+
 // Checks a view on its own: strides match the rank, sizes are non-negative, the element
 // count and every offset fit in 64 bits, data is non-null when there are elements.
 // Returns the bytes it spans.
