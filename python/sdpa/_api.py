@@ -16,7 +16,9 @@ _LAYOUTS = ("HND", "NHD")
 
 def _prepare_qkv(fw, query, key, value):
     """query, key and value as the binding takes them (each checked under its own name)."""
-    return fw.prepare("query", query), fw.prepare("key", key), fw.prepare("value", value)
+    compiling = fw.compiling()
+    return (fw.prepare("query", query, compiling=compiling), fw.prepare("key", key, compiling=compiling),
+            fw.prepare("value", value, compiling=compiling))
 
 
 def _per_head(fw, name, values, *, constant):
@@ -134,6 +136,14 @@ def _batch_dims(ndim: int) -> int:
     return ndim - 3 if ndim >= 4 else max(ndim - 2, 0)
 
 
+def _batch_differs(q_shape, k_shape, v_shape, nb: int) -> bool:
+    """Whether the first nb dims of the three shapes differ anywhere."""
+    for d in range(nb):
+        if not q_shape[d] == k_shape[d] == v_shape[d]:
+            return True
+    return False
+
+
 def _autograd_module():
     """sdpa._autograd, imported on the first torch call (it imports torch) and kept: an
     import statement in the call itself costs a microsecond or two every time."""
@@ -149,11 +159,12 @@ _AUTOGRAD = None
 
 
 def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
+    compiling = fw.compiling()
     if scales[0] is not None or scales[1] is not None:
         _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks, *scales)
     elif isinstance(fw, _Torch):
         _autograd = _autograd_module()
-        if _autograd.wanted(q, k, v, mask, sinks):
+        if _autograd.wanted(q, k, v, mask, sinks, compiling=compiling):
             # Training (or torch.compile): the custom op with its registered backward.
             if weights:
                 raise NotImplementedError("return_weights: the weights are not differentiable; ask for them in a "
@@ -162,7 +173,7 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
-    out = fw.output_like(q, v.shape[-1], options.dropout_p) if out is None else fw.prepare("out", out, output=True)
+    out = fw.output_like(q, v.shape[-1], options.dropout_p) if out is None else fw.prepare("out", out, output=True, compiling=compiling)
     weights_buffer = lse_buffer = None
     if weights or lse:  # (a shape's slice costs more than half a µs: not in a plain call)
         rows = tuple(q.shape[:-1])  # (..., Hq, L)
@@ -357,9 +368,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     if len(q_shape) == len(k_shape) == len(v_shape):
         # torch's math broadcasts batch dims of size 1 (matmul); expanded views cost nothing.
+        # (Compared dim by dim: a slice of a torch.Size costs a few tenths of a µs.)
         nb = _batch_dims(len(q_shape))
-        shapes = (q_shape[:nb], k_shape[:nb], v_shape[:nb])
-        if not shapes[0] == shapes[1] == shapes[2]:
+        if _batch_differs(q_shape, k_shape, v_shape, nb):
+            shapes = (q_shape[:nb], k_shape[:nb], v_shape[:nb])
             try:
                 batch = np.broadcast_shapes(*shapes)
             except ValueError:

@@ -218,10 +218,11 @@ _eager_attention = _differentiable("SdpaAttention", attention_forward, _attentio
                                    _gradients, attention_backward, _attention_backward_body)
 
 
-def wanted(*tensors) -> bool:
+def wanted(*tensors, compiling=None) -> bool:
     """Whether a call on these torch tensors must go through the custom ops: a gradient is
-    wanted, or torch.compile is tracing (it sees custom ops, not the library's calls)."""
-    if torch.compiler.is_compiling():
+    wanted, or torch.compile is tracing (it sees custom ops, not the library's calls;
+    `compiling`: torch.compiler.is_compiling(), when the caller has asked it already)."""
+    if torch.compiler.is_compiling() if compiling is None else compiling:
         return True
     if not torch.is_grad_enabled():
         return False
