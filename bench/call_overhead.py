@@ -1,0 +1,100 @@
+"""What a small call costs besides the arithmetic (issue #15, "small problems"): the same
+call through each layer, in one process, the layers' blocks taking turns.
+
+    .venv/bin/python bench/call_overhead.py                # (1, 1, 1, 1) and (1, 12, 16, 64)
+    .venv/bin/python bench/call_overhead.py --shape 1 12 32 64 --rounds 15
+
+Per shape, the best over --rounds of a block's time per call (--calls calls a block), for:
+
+  torch F.sdpa     torch.nn.functional.scaled_dot_product_attention(q, k, v)
+  sdpa drop-in     sdpa.scaled_dot_product_attention(q, k, v): the checks, the output's
+                   allocation (torch.empty_like), the binding, the library
+  sdpa out=        sdpa.attention(q, k, v, out=out): as bench/peers.py calls it
+  _core tensors    sdpa._core.forward on the tensors themselves (read through DLPack's C
+                   exchange API where torch has one: python/src/tensor_argument.h) — the
+                   binding and the library alone
+  _core capsules   the same with torch.utils.dlpack.to_dlpack capsules, made in the loop
+
+The best, not the median: the host's speed moves by 1.5x within minutes, and what is
+compared is the work each layer adds. The difference of two rows is that layer's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import time
+
+import torch
+
+import sdpa
+from sdpa import _core
+from sdpa._options import make_options, to_core
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown CPU"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    name = fields.get("Model name", "unknown CPU").strip()
+    return f"{name} (family {fields.get('CPU family', '?').strip()}, model {fields.get('Model', '?').strip()})"
+
+
+def callers(shape):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+    out = torch.empty(*shape)
+    options = to_core(make_options(None))
+    to_dlpack = torch.utils.dlpack.to_dlpack
+    F = torch.nn.functional.scaled_dot_product_attention
+    return {
+        "torch F.sdpa": lambda: F(q, k, v),
+        "sdpa drop-in": lambda: sdpa.scaled_dot_product_attention(q, k, v),
+        "sdpa out=": lambda: sdpa.attention(q, k, v, out=out),
+        "_core tensors": lambda: _core.forward(q, k, v, None, None, None, out, None, None, options),
+        "_core capsules": lambda: _core.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None,
+                                                to_dlpack(out), None, None, options),
+    }
+
+
+def block(call, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "L", "E"),
+                        help="(B, H, L = S, E); repeatable (default: 1 1 1 1 and 1 12 16 64)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    shapes = args.shape or [[1, 1, 1, 1], [1, 12, 16, 64]]
+
+    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; sdpa {sdpa.__version__}; "
+          f"torch tensors read in place: {_core.reads_in_place(torch.empty(0))}")
+    print(f"best of {args.rounds} rounds of {args.calls} calls, per call (µs)\n")
+    table = {}
+    for shape in shapes:
+        named = callers(shape)
+        for call in named.values():
+            block(call, args.calls // 4)  # warm-up
+        best = {name: float("inf") for name in named}
+        for _ in range(args.rounds):
+            for name, call in named.items():
+                best[name] = min(best[name], block(call, args.calls))
+        table[tuple(shape)] = best
+    names = list(next(iter(table.values())))
+    print("| (B, H, L = S, E) | " + " | ".join(names) + " |")
+    print("|:--|" + "--:|" * len(names))
+    for shape, best in table.items():
+        print(f"| {shape} | " + " | ".join(f"{best[name] * 1e6:.2f}" for name in names) + " |")
+
+
+if __name__ == "__main__":
+    main()
