@@ -598,31 +598,44 @@ class Task {
     }
   }
 
-  // O = Oᵀ / l, lane-wise in place (a row no key reached, l = 0, gives 0; a NaN row stays
-  // NaN), then transposed into the output rows, straight into a float32 output a run of
-  // consecutive rows at a time; lse = m·ln2 + ln l.
+  // O = Oᵀ · (1 / l) transposed into the output rows, straight into a float32 output a run
+  // of consecutive rows at a time, the row's factor applied as it is transposed
+  // (TransposeRowsScaled: a pass over Oᵀ first cost as much as the transpose for a small
+  // head). A row no key reached (l = 0) gives 0 whatever its lanes of Oᵀ hold (0 · V of
+  // a NaN or an infinity): where there is one, Oᵀ is scaled lane-wise first, with the
+  // select, and transposed as it is. A NaN row stays NaN. lse = m·ln2 + ln l.
   void StoreOutputs(Subtile& t) {
     const DF df;
     float* ot = t.ot.get();
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // not reloaded after each store
+    HWY_ALIGN float inverse[kVectors * hn::MaxLanes(DF())];
+    bool unreached = false;
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF l = hn::Load(df, t.l.get() + lane0);
-      const auto unreached = hn::Eq(l, hn::Zero(df));
-      const VF inverse = hn::Div(hn::Set(df, 1.0f), l);
-      for (std::size_t d = 0; d < Ev; ++d) {
-        float* at = ot + d * rows + lane0;
-        hn::Store(hn::IfThenZeroElse(unreached, hn::Mul(hn::Load(df, at), inverse)), df, at);
+      hn::Store(hn::Div(hn::Set(df, 1.0f), l), df, inverse + lane0);
+      unreached = unreached || !hn::AllFalse(df, hn::Eq(l, hn::Zero(df)));
+    }
+    if (unreached) {
+      for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
+        const auto zero = hn::Eq(hn::Load(df, t.l.get() + lane0), hn::Zero(df));
+        const VF factor = hn::Load(df, inverse + lane0);
+        for (std::size_t d = 0; d < Ev; ++d) {
+          float* at = ot + d * rows + lane0;
+          hn::Store(hn::IfThenZeroElse(zero, hn::Mul(hn::Load(df, at), factor)), df, at);
+        }
+        hn::Store(hn::Set(df, 1.0f), df, inverse + lane0);  // (scaled already)
       }
     }
     if (FloatRows(p_.output) && p_.output.row_stride > 0) {
       ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
         const Row& first = t.rows[r0];
-        Transpose(ot + r0, rows, Ev, r1 - r0, reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
-                  static_cast<std::size_t>(p_.output.row_stride));
+        TransposeRowsScaled(ot + r0, rows, Ev, r1 - r0,
+                            reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
+                            static_cast<std::size_t>(p_.output.row_stride), inverse + r0);
       });
     } else {
       float* out_rows = s_.row_major.get();
-      Transpose(ot, rows, Ev, t.rows.size(), out_rows, Ev);
+      TransposeRowsScaled(ot, rows, Ev, t.rows.size(), out_rows, Ev, inverse);
       for (std::size_t r = 0; r < t.rows.size(); ++r)
         StoreRow(p_.output, t.rows[r].matrix, t.rows[r].i, 0, p_.Ev, out_rows + r * Ev);
     }

@@ -5,8 +5,9 @@
 // On targets with 256-bit vectors, 8 × 8 blocks are transposed in registers instead:
 // 32-bit, then 64-bit interleaves within each 128-bit half, then the halves swapped —
 // 24 shuffles for 64 elements. Pure data movement: the values are the same bits
-// (TransposeScaled: each value times a scale on the way, rounded as a separate pass
-// over the result would round it).
+// (TransposeScaled: each value times a scale on the way; TransposeRowsScaled: each
+// output row times its own — each rounded as a separate pass over the result would
+// round it).
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_TRANSPOSE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -28,10 +29,11 @@ namespace simd {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // 256-bit vectors
-// out[c·out_stride + r] = in[r·in_stride + c] (· scale, if kScaled) for r, c < 8.
-template <bool kScaled>
+// out[c·out_stride + r] = in[r·in_stride + c] (· scale, if kScaled; · row_scale[c], if
+// kRowScaled) for r, c < 8.
+template <bool kScaled, bool kRowScaled>
 HWY_INLINE void Transpose8x8(const float* HWY_RESTRICT in, std::size_t in_stride, float* HWY_RESTRICT out,
-                             std::size_t out_stride, float scale) {
+                             std::size_t out_stride, float scale, const float* HWY_RESTRICT row_scale) {
   const hn::FixedTag<float, 8> d;
   const hn::Repartition<double, decltype(d)> dd;
   using V = hn::Vec<decltype(d)>;
@@ -58,18 +60,24 @@ HWY_INLINE void Transpose8x8(const float* HWY_RESTRICT in, std::size_t in_stride
     u[half + 2] = low_pairs(t[half + 1], t[half + 3]);
     u[half + 3] = high_pairs(t[half + 1], t[half + 3]);
   }
+  const auto store = [&](std::size_t c, V row) {
+    if constexpr (kRowScaled) row = hn::Mul(row, hn::Set(d, row_scale[c]));
+    hn::StoreU(row, d, out + c * out_stride);
+  };
   for (std::size_t c = 0; c < 4; ++c) {
-    hn::StoreU(hn::ConcatLowerLower(d, u[4 + c], u[c]), d, out + c * out_stride);
-    hn::StoreU(hn::ConcatUpperUpper(d, u[4 + c], u[c]), d, out + (c + 4) * out_stride);
+    store(c, hn::ConcatLowerLower(d, u[4 + c], u[c]));
+    store(c + 4, hn::ConcatUpperUpper(d, u[4 + c], u[c]));
   }
 }
 #endif
 
-template <bool kScaled>
+template <bool kScaled, bool kRowScaled = false>
 inline void TransposeBlocks(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
-                            float* HWY_RESTRICT out, std::size_t out_stride, float scale) {
+                            float* HWY_RESTRICT out, std::size_t out_stride, float scale,
+                            const float* HWY_RESTRICT row_scale = nullptr) {
   const auto value = [&](std::size_t r, std::size_t c) {
     if constexpr (kScaled) return in[r * in_stride + c] * scale;
+    if constexpr (kRowScaled) return in[r * in_stride + c] * row_scale[c];
     return in[r * in_stride + c];
   };
   std::size_t r0 = 0;
@@ -77,7 +85,8 @@ inline void TransposeBlocks(const float* HWY_RESTRICT in, std::size_t in_stride,
   for (; r0 + 8 <= rows; r0 += 8) {
     std::size_t c0 = 0;
     for (; c0 + 8 <= cols; c0 += 8)
-      Transpose8x8<kScaled>(in + r0 * in_stride + c0, in_stride, out + c0 * out_stride + r0, out_stride, scale);
+      Transpose8x8<kScaled, kRowScaled>(in + r0 * in_stride + c0, in_stride, out + c0 * out_stride + r0, out_stride,
+                                        scale, kRowScaled ? row_scale + c0 : nullptr);
     for (; c0 < cols; ++c0)
       for (std::size_t r = r0; r < r0 + 8; ++r) out[c0 * out_stride + r] = value(r, c0);
   }
@@ -90,6 +99,13 @@ inline void TransposeBlocks(const float* HWY_RESTRICT in, std::size_t in_stride,
 inline void Transpose(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
                       float* HWY_RESTRICT out, std::size_t out_stride) {
   TransposeBlocks<false>(in, in_stride, rows, cols, out, out_stride, 1.0f);
+}
+
+// out[c·out_stride + r] = in[r·in_stride + c] · row_scale[c]: the forward's O = Oᵀᵀ · (1 / l)
+// as Oᵀ is transposed out, not a pass over Oᵀ first.
+inline void TransposeRowsScaled(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
+                                float* HWY_RESTRICT out, std::size_t out_stride, const float* HWY_RESTRICT row_scale) {
+  TransposeBlocks<false, true>(in, in_stride, rows, cols, out, out_stride, 1.0f, row_scale);
 }
 
 // out[c·out_stride + r] = in[r·in_stride + c] · scale: the forward packs Qᵀ times
