@@ -73,8 +73,9 @@ def _readable(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x
 
 
-# A tensor (or None) as the binding takes it: a DLPack capsule from torch's C exporter,
-# not Tensor.__dlpack__ (~4 µs a tensor in Python, docs/performance.md "Small problems").
+# A tensor (or None) as the binding takes it: the tensor itself, read through torch's
+# DLPack C exchange API, or a DLPack capsule from torch's C exporter — never
+# Tensor.__dlpack__ (~4 µs a tensor in Python, docs/performance.md "Small problems").
 _view = _Torch().export
 
 

@@ -1,6 +1,7 @@
-// What both halves of sdpa._core (module.cpp, nn_module.cpp) do to an nb::ndarray before
-// the library sees it: map its dtype and lay a TensorView over its memory. Each caller
-// words its own errors, so these only say what went wrong.
+// What both halves of sdpa._core (module.cpp, nn_module.cpp) do to an array argument (an
+// nb::ndarray, or a TensorArgument: tensor_argument.h) before the library sees it: map
+// its dtype and lay a TensorView over its memory. Each caller words its own errors, so
+// these only say what went wrong.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -39,7 +40,9 @@ bool in_host_memory(const Array& a) {
 }
 
 // A view of the caller's memory as `dtype`. DLPack strides are in elements, as TensorView's
-// are, and nanobind fills them in for compact tensors, so every layout maps over unchanged.
+// are, and nanobind (or the exchange API's DLTensor, or TensorArgument for one without
+// them) fills them in for compact tensors, so every layout maps over unchanged. Made with
+// the GIL held: an exchanged tensor's shape and strides are read in place.
 template <class Array>
 sdpa::TensorView view_over(const Array& a, sdpa::DType dtype) {
   sdpa::TensorView view;

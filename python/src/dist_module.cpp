@@ -74,10 +74,12 @@ void ring_forward(std::int64_t comm, const Input& query, const Input& key, const
   const sdpa::Options call = call_options(options, mask, alibi_slopes, sinks);
   const sdpa::distributed::Sharding sharding = sharding_of(query_length, key_length, partition);
   const sdpa::ForwardOutputs outputs{view(output, "out"), std::nullopt, view(lse, "lse")};
+  // Every view made before the GIL goes: a torch tensor's shape and strides are read in
+  // place (tensor_argument.h), valid only while the GIL is held.
+  const sdpa::TensorView q = view(query, "query"), k = view(key, "key"), v = view(value, "value");
   try {
     nb::gil_scoped_release release;
-    sdpa::distributed::forward(MPI_Comm_f2c(static_cast<MPI_Fint>(comm)), view(query, "query"), view(key, "key"),
-                               view(value, "value"), outputs, sharding, call);
+    sdpa::distributed::forward(MPI_Comm_f2c(static_cast<MPI_Fint>(comm)), q, k, v, outputs, sharding, call);
   } catch (const sdpa::Error& error) {
     sdpa_python::raise(error, {{"output", "out"}});
   }

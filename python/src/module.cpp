@@ -163,7 +163,8 @@ void forward(const Input& query, const Input& key, const Input& value, const std
   remember(q.data, k.data, v.data, outputs, options.mask ? options.mask->data : nullptr);
 
   try {
-    // The arrays stay referenced by this frame, so their memory outlives the call.
+    // The arguments stay referenced by this frame, so their memory outlives the call (the
+    // views were all made above, with the GIL: tensor_argument.h).
     nb::gil_scoped_release release;
     sdpa::forward(q, k, v, outputs, options);
   } catch (const sdpa::Error& error) {

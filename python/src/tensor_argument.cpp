@@ -12,40 +12,67 @@ const DLPackExchangeAPI* own_api_of(PyTypeObject* type) {
   const nb::handle type_object(reinterpret_cast<PyObject*>(type));
   const nb::object api = nb::getattr(type_object, "__dlpack_c_exchange_api__", nb::none());
   if (api.is_none() || !PyCapsule_IsValid(api.ptr(), "dlpack_exchange_api")) return nullptr;
+  const auto* table = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(api.ptr(), "dlpack_exchange_api"));
   // Inherited (a subclass of torch.Tensor) is not the type's own: the base's API takes the
   // base's objects only (DLPack: "Must have the same type as the one the DLPackExchangeAPI
-  // was discovered from").
+  // was discovered from"). (The tables compared, not the capsules: a type may make a new
+  // capsule at each read.)
   if (type->tp_base != nullptr) {
     const nb::handle base(reinterpret_cast<PyObject*>(type->tp_base));
-    if (nb::getattr(base, "__dlpack_c_exchange_api__", nb::none()).is(api)) return nullptr;
+    const nb::object base_api = nb::getattr(base, "__dlpack_c_exchange_api__", nb::none());
+    if (!base_api.is_none() && PyCapsule_IsValid(base_api.ptr(), "dlpack_exchange_api") &&
+        PyCapsule_GetPointer(base_api.ptr(), "dlpack_exchange_api") == table)
+      return nullptr;
   }
-  const auto* table = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(api.ptr(), "dlpack_exchange_api"));
+  // The layout above is DLPack 1.3's (later minor versions only add fields); an older
+  // table goes the capsule way.
   if (table == nullptr || table->major != 1 || table->minor < 3 || table->dltensor_from_py_object_no_sync == nullptr)
     return nullptr;
   return table;  // "must stay alive throughout the lifetime of the process"
 }
 
-}  // namespace
+// torch.Tensor itself (not a subclass, not another framework's type).
+bool is_torch_tensor_type(PyTypeObject* type) {
+  const nb::handle type_object(reinterpret_cast<PyObject*>(type));
+  const nb::object module = nb::getattr(type_object, "__module__", nb::none());
+  const nb::object name = nb::getattr(type_object, "__qualname__", nb::none());
+  return PyUnicode_Check(module.ptr()) && PyUnicode_Check(name.ptr()) &&
+         PyUnicode_CompareWithASCIIString(module.ptr(), "torch") == 0 &&
+         PyUnicode_CompareWithASCIIString(name.ptr(), "Tensor") == 0;
+}
 
-const DLPackExchangeAPI* exchange_api(nb::handle object) {
-  // The last few types seen, each held by a reference so that its address is never
-  // another type's (a type freed and another allocated in its place). A call sees two
-  // or three: torch.Tensor, numpy.ndarray, a capsule. The GIL guards the cache.
+// The first few types seen, each with what it offers, held by a reference so that its
+// address is never another type's (a type freed and another allocated in its place). A
+// call sees two or three: torch.Tensor, numpy.ndarray, a capsule; a type past the eighth
+// is looked up at each argument. The GIL guards the cache.
+struct TypeInfo {
+  const DLPackExchangeAPI* api = nullptr;
+  bool writable = false;  // torch.Tensor's own
+};
+
+TypeInfo info_of(PyTypeObject* type) {
   struct Entry {
     PyTypeObject* type = nullptr;
-    const DLPackExchangeAPI* api = nullptr;
+    TypeInfo info;
   };
   static std::array<Entry, 8> cache;
   static std::size_t filled = 0;
-  PyTypeObject* type = Py_TYPE(object.ptr());
   for (std::size_t i = 0; i < filled; ++i)
-    if (cache[i].type == type) return cache[i].api;
-  const DLPackExchangeAPI* api = own_api_of(type);
+    if (cache[i].type == type) return cache[i].info;
+  TypeInfo info;
+  info.api = own_api_of(type);
+  info.writable = info.api != nullptr && is_torch_tensor_type(type);
   if (filled < cache.size()) {
     Py_INCREF(type);
-    cache[filled++] = {type, api};
+    cache[filled++] = {type, info};
   }
-  return api;
+  return info;
 }
+
+}  // namespace
+
+const DLPackExchangeAPI* exchange_api(nb::handle object) { return info_of(Py_TYPE(object.ptr())).api; }
+
+bool writable_through_exchange(nb::handle object) { return info_of(Py_TYPE(object.ptr())).writable; }
 
 }  // namespace sdpa_python

@@ -3,9 +3,9 @@
 // a NumPy array, the buffer protocol). Either way it describes the caller's memory
 // (pointer, dtype, device, shape, strides) and nothing is copied.
 //
-// Why the exchange API: DLPack 1.2 gives a framework's tensor type a capsule,
+// Why the exchange API: DLPack 1.3 gives a framework's tensor type a capsule,
 // `__dlpack_c_exchange_api__`, holding C functions, one of which fills a DLTensor for a
-// tensor object without a Python call or a capsule. A torch call of a small head spent
+// tensor object without a Python call or a capsule (torch 2.15 offers it). A torch call of a small head spent
 // about 0.45 µs a tensor on torch.utils.dlpack.to_dlpack and nanobind's import of the
 // capsule (4 to 13 tensors a call; docs/performance.md, "What is left of a small call
 // from Python"); this reads the same fields in C.
@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace sdpa_python {
@@ -43,6 +44,12 @@ struct DLPackExchangeAPI {
 // __dlpack__ (a FakeTensor's, a wrapper's) is its to honour. Cached per type.
 const DLPackExchangeAPI* exchange_api(nb::handle object);
 
+// Whether an exchanged object may be written: a DLTensor says nothing of read-only
+// memory, so only torch.Tensor itself is taken for an output (torch's
+// ReadOnlyTensorWrapper offers an API of its own, over memory that must not be written;
+// it goes through nb::ndarray's import, which refuses it).
+bool writable_through_exchange(nb::handle object);
+
 // The argument, read as nb::ndarray's accessors read (as view_over in arrays.h does), within
 // the bound function's body, before it releases the GIL. `Flags` are nb::ndarray's, for the
 // objects it imports (nb::ro: read-only accepted). Nothing is allocated: an exchanged
@@ -57,11 +64,14 @@ class TensorArgument {
   // it is no tensor this can read.
   template <class CastFlags>
   bool read(nb::handle object, CastFlags flags, nb::detail::cleanup_list* cleanup) noexcept {
-    if (const DLPackExchangeAPI* api = exchange_api(object)) {
+    constexpr bool kReadOnly = (std::is_same_v<Flags, nb::ro> || ...);
+    if (const DLPackExchangeAPI* api = exchange_api(object);
+        api != nullptr && (kReadOnly || writable_through_exchange(object))) {
       is_exchanged_ = api->dltensor_from_py_object_no_sync(object.ptr(), &exchanged_) == 0;
-      if (!is_exchanged_) PyErr_Clear();  // nanobind reports the argument it could not take
-      return is_exchanged_;
+      if (is_exchanged_) return true;
+      PyErr_Clear();  // (a tensor it cannot describe: nb::ndarray's import has its say)
     }
+    is_exchanged_ = false;
     nb::detail::make_caster<nb::ndarray<Flags...>> imported;
     if (!imported.from_python(object, flags, cleanup)) return false;
     imported_ = std::move(imported.value);

@@ -36,17 +36,17 @@ def test_torch_views_go_in_and_out_without_a_copy():
     oracle.check_close("output", torch.float32, out, reference)
 
 
-EXCHANGES = sdpa._core.reads_in_place(torch.empty(0))
-
-
-@pytest.mark.skipif(not EXCHANGES, reason="this torch has no DLPack C exchange API (DLPack 1.3)")
+@pytest.mark.skipif("__dlpack_c_exchange_api__" not in torch.Tensor.__dict__,
+                    reason="this torch has no DLPack C exchange API")
 def test_torch_tensors_are_read_through_the_dlpack_exchange_api():
     """A plain torch.Tensor reaches the binding as it is and is read through its type's
     DLPack C exchange API (python/src/tensor_argument.h); what is read — pointer with the
     storage offset, dtype, shape, strides (transposed, expanded) — must be what a DLPack
     capsule of the same tensor says: the two give the same bits, into the caller's memory.
     Subclasses, NumPy arrays and capsules take nb::ndarray's import; a tensor the API
-    refuses is a TypeError, not a crash."""
+    refuses is a TypeError, not a crash; so is an output whose memory is read-only
+    (torch's ReadOnlyTensorWrapper offers a const exchange API of its own). And the
+    capsules `_Torch.export` makes for a torch without the API give the same bits."""
     core = sdpa._core
     assert core.reads_in_place(torch.empty(2)) and not core.reads_in_place(np.empty(2))
     assert not core.reads_in_place(torch.nn.Parameter(torch.empty(2)))  # a subclass keeps __dlpack__
@@ -71,6 +71,22 @@ def test_torch_tensors_are_read_through_the_dlpack_exchange_api():
     sparse = torch.eye(4).to_sparse()
     with pytest.raises(TypeError):
         core.forward(sparse, sparse, sparse, None, None, None, torch.empty(4, 4), None, None, options)
+    if hasattr(torch.utils.dlpack, "ReadOnlyTensorWrapper"):
+        buffer = torch.zeros(2, 2, 7, 8)
+        read_only = torch.utils.dlpack.ReadOnlyTensorWrapper(buffer)
+        with pytest.raises(TypeError):
+            core.forward(q, k, v, None, None, None, read_only, None, None, options)
+        assert torch.equal(buffer, torch.zeros(2, 2, 7, 8))
+        out = torch.empty(2, 2, 7, 8)  # read-only inputs are read through their const API
+        core.forward(torch.utils.dlpack.ReadOnlyTensorWrapper(q.contiguous()), k, v, None, None, None, out, None,
+                     None, options)
+        assert torch.equal(out, outputs[0])
+    fw = sdpa._frameworks._framework(q)
+    fw._in_place = False  # the capsule path of a torch without the exchange API
+    try:
+        assert torch.equal(sdpa.attention(q, k, v), outputs[0])
+    finally:
+        fw._in_place = True
 
 
 def test_out_buffer_is_written_in_place_in_any_layout():

@@ -253,29 +253,6 @@ TEST(CpuForward, FullyMaskedRowsGiveZeroAndMinusInfNeverNaN) {
   for (std::int64_t i = 0; i < r.output.numel(); ++i) EXPECT_FALSE(std::isnan(r.output.get(i)));
 }
 
-// A fully masked row in a subtile whose other rows see keys: its lanes of Oᵀ hold 0 · V
-// summed over the tile, NaN where V holds an infinity, and the output must still be 0
-// (O = Oᵀ / l selects 0 where l = 0, on the path that scales Oᵀ as it is transposed out,
-// too). For float32 and bfloat16 outputs (transposed straight out, or through row-major
-// rows).
-TEST(CpuForward, FullyMaskedRowIsZeroBesideRowsThatSeeAnInfiniteValue) {
-  std::mt19937_64 rng(41);
-  for (const DType dtype : {DType::float32, DType::bfloat16}) {
-    const Tensor q = random_tensor(dtype, {1, 1, 6, 8}, rng), k = random_tensor(dtype, {1, 1, 4, 8}, rng);
-    Tensor v = random_tensor(dtype, {1, 1, 4, 8}, rng);
-    v.set(1 * 8 + 3, kInf);  // key 1: seen by rows other than 2
-    Tensor mask(DType::boolean, {6, 4});
-    for (std::int64_t i = 0; i < 6; ++i)
-      for (std::int64_t j = 0; j < 4; ++j) mask.set(i * 4 + j, i == 2 ? 0 : 1);
-    Options options;
-    options.mask = mask.view();
-    const ForwardResult r = forward(q.view(), k.view(), v.view(), options, Returns{false, true});
-    EXPECT_EQ(r.lse.at({0, 0, 2}), -kInf) << dtype_name(dtype);
-    for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(r.output.at({0, 0, 2, e}), 0.0) << dtype_name(dtype) << " dim " << e;
-    EXPECT_TRUE(std::isinf(r.output.at({0, 0, 0, 3})) || std::isnan(r.output.at({0, 0, 0, 3})));
-  }
-}
-
 // A subtile of rows that see no key ends with Oᵀ = 0, whatever an earlier call left in
 // the thread's kept scratch: Oᵀ is written by the first P·V, not zeroed ahead (a small
 // head's saving), so a subtile no P·V reaches is zeroed at the end. With a sink, its

@@ -69,6 +69,39 @@ TEST_F(EveryTarget, MatchesOracle) {
   }
 }
 
+// A fully masked row in a subtile whose other rows see keys: its lanes of Oᵀ hold 0 · V
+// summed over the tile, NaN where V holds an infinity, and its output must still be 0.
+// O = Oᵀ · (1 / l) is applied as Oᵀ is transposed out (TransposeRowsScaled), except in a
+// subtile with such a row, which scales Oᵀ first with a select. Rows 2 and 11 (both
+// halves of 8-row blocks), Ev = 12 (an 8 × 8 block and a tail), float32 outputs (written
+// straight) and bfloat16 (through row-major rows), on every target.
+TEST_F(EveryTarget, FullyMaskedRowIsZeroBesideRowsThatSeeAnInfiniteValue) {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    Choose(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::mt19937_64 rng(41);
+    for (const DType dtype : {DType::float32, DType::bfloat16}) {
+      const Tensor q = random_tensor(dtype, {1, 1, 16, 8}, rng), k = random_tensor(dtype, {1, 1, 4, 8}, rng);
+      Tensor v = random_tensor(dtype, {1, 1, 4, 12}, rng);
+      v.set(1 * 12 + 3, std::numeric_limits<double>::infinity());  // key 1: seen by the other rows
+      Tensor mask(DType::boolean, {16, 4});
+      for (std::int64_t i = 0; i < 16; ++i)
+        for (std::int64_t j = 0; j < 4; ++j) mask.set(i * 4 + j, i == 2 || i == 11 ? 0 : 1);
+      Options options;
+      options.mask = mask.view();
+      const ForwardResult r = forward(q.view(), k.view(), v.view(), options, Returns{false, true});
+      for (const std::int64_t row : {2, 11}) {
+        EXPECT_EQ(r.lse.at({0, 0, row}), -std::numeric_limits<double>::infinity()) << dtype_name(dtype);
+        for (std::int64_t e = 0; e < 12; ++e)
+          EXPECT_EQ(r.output.at({0, 0, row, e}), 0.0) << dtype_name(dtype) << " row " << row << " dim " << e;
+      }
+      // The other rows: the infinity where they see it, finite values elsewhere.
+      EXPECT_TRUE(std::isinf(r.output.at({0, 0, 0, 3})) || std::isnan(r.output.at({0, 0, 0, 3})));
+      for (std::int64_t e = 4; e < 12; ++e) EXPECT_TRUE(std::isfinite(r.output.at({0, 0, 5, e}))) << dtype_name(dtype);
+    }
+  }
+}
+
 // A new token against many keys: the one-vector subtiles (Forward<1>, taken when a KV
 // head's query rows, Hq/Hkv · L = 4 here, fit one vector) with every score modifier, and
 // at S = 9001 the key range split across tasks and merged by the lse, on every target.

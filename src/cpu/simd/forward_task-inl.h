@@ -609,11 +609,13 @@ class Task {
     float* ot = t.ot.get();
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // not reloaded after each store
     HWY_ALIGN float inverse[kVectors * hn::MaxLanes(DF())];
-    bool unreached = false;
+    bool unreached = false;  // (of the subtile's rows: its padding lanes have l = 0 too)
+    const std::size_t real = t.rows.size();
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF l = hn::Load(df, t.l.get() + lane0);
       hn::Store(hn::Div(hn::Set(df, 1.0f), l), df, inverse + lane0);
-      unreached = unreached || !hn::AllFalse(df, hn::Eq(l, hn::Zero(df)));
+      if (lane0 < real)
+        unreached = unreached || !hn::AllFalse(df, hn::And(hn::Eq(l, hn::Zero(df)), hn::FirstN(df, real - lane0)));
     }
     if (unreached) {
       for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {

@@ -101,8 +101,9 @@ inline void Transpose(const float* HWY_RESTRICT in, std::size_t in_stride, std::
   TransposeBlocks<false>(in, in_stride, rows, cols, out, out_stride, 1.0f);
 }
 
-// out[c·out_stride + r] = in[r·in_stride + c] · row_scale[c]: the forward's O = Oᵀᵀ · (1 / l)
-// as Oᵀ is transposed out, not a pass over Oᵀ first.
+// out[c·out_stride + r] = in[r·in_stride + c] · row_scale[c]: each row c of the output (a
+// column of the input, whose `rows` × `cols` these count) times its own factor — the
+// forward's O = Oᵀᵀ · (1 / l) as Oᵀ is transposed out, not a pass over Oᵀ first.
 inline void TransposeRowsScaled(const float* HWY_RESTRICT in, std::size_t in_stride, std::size_t rows, std::size_t cols,
                                 float* HWY_RESTRICT out, std::size_t out_stride, const float* HWY_RESTRICT row_scale) {
   TransposeBlocks<false, true>(in, in_stride, rows, cols, out, out_stride, 1.0f, row_scale);
