@@ -173,7 +173,10 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
                 raise NotImplementedError("out: an output buffer does not support automatic differentiation")
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
-    out = fw.output_like(q, v.shape[-1], options.dropout_p) if out is None else fw.prepare("out", out, output=True, compiling=compiling)
+    if out is None:
+        out = fw.output_like(q, v.shape[-1], options.dropout_p)
+    else:
+        out = fw.prepare("out", out, output=True, compiling=compiling)
     weights_buffer = lse_buffer = None
     if weights or lse:  # (a torch.Size slice costs a few tenths of a µs: not in a plain call)
         rows = tuple(q.shape[:-1])  # (..., Hq, L)
