@@ -32,8 +32,8 @@ class _Torch:
         # torch.utils.dlpack (torch.from_dlpack comes from it).
         self.torch = _torch_module()
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
-        # The binding reads a plain torch.Tensor itself (DLPack's C exchange API, torch
-        # 2.10 and later) where it can: no capsule to make (export, below).
+        # The binding reads a plain torch.Tensor itself where torch offers DLPack 1.3's C
+        # exchange API (torch 2.15 does): no capsule to make (export, below).
         self._in_place = _core.reads_in_place(self.torch.empty(0))
         self._cpu = self.torch.device("cpu")  # (torch.empty parses a device string each call)
 

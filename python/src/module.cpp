@@ -1,10 +1,10 @@
 // sdpa._core: the bindings the Python package calls. Tensors arrive as torch tensors (read
 // through DLPack's C exchange API), DLPack capsules or NumPy arrays (tensor_argument.h),
-// and are handed to sdpa::forward
-// (backward, and their varlen and paged forms) as TensorViews over the caller's memory: any
-// strides, no copy. The outputs are buffers the Python side allocated (torch.empty /
-// np.empty), written in place, so nothing is copied on the way out either. The scalar
-// options arrive as one sdpa::Options (sdpa._core.Options, bound in options.cpp).
+// and are handed to sdpa::forward (backward, and their varlen and paged forms) as
+// TensorViews over the caller's memory: any strides, no copy. The outputs are buffers the
+// Python side allocated (torch.empty / np.empty), written in place, so nothing is copied
+// on the way out either. The scalar options arrive as one sdpa::Options
+// (sdpa._core.Options, bound in options.cpp).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>

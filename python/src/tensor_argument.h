@@ -5,10 +5,10 @@
 //
 // Why the exchange API: DLPack 1.3 gives a framework's tensor type a capsule,
 // `__dlpack_c_exchange_api__`, holding C functions, one of which fills a DLTensor for a
-// tensor object without a Python call or a capsule (torch 2.15 offers it). A torch call of a small head spent
-// about 0.45 µs a tensor on torch.utils.dlpack.to_dlpack and nanobind's import of the
-// capsule (4 to 13 tensors a call; docs/performance.md, "What is left of a small call
-// from Python"); this reads the same fields in C.
+// tensor object without a Python call or a capsule (torch 2.15 offers it). A torch call
+// of a small head spent about 0.4 µs a tensor on torch.utils.dlpack.to_dlpack and
+// nanobind's import of the capsule (4 to 13 tensors a call; docs/performance.md, "A
+// torch tensor read in C"); this reads the same fields in C in ~0.07 µs.
 #pragma once
 
 #include <nanobind/nanobind.h>
