@@ -22,25 +22,13 @@ compared is the work each layer adds. The difference of two rows is that layer's
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
-import time
 
 import torch
+from peers import cpu_model, per_call  # bench/peers.py, beside this script
 
 import sdpa
 from sdpa import _core
 from sdpa._options import make_options, to_core
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    name = fields.get("Model name", "unknown CPU").strip()
-    return f"{name} (family {fields.get('CPU family', '?').strip()}, model {fields.get('Model', '?').strip()})"
 
 
 def callers(shape):
@@ -60,13 +48,6 @@ def callers(shape):
     }
 
 
-def block(call, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - start) / calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "L", "E"),
@@ -83,11 +64,11 @@ def main() -> None:
     for shape in shapes:
         named = callers(shape)
         for call in named.values():
-            block(call, args.calls // 4)  # warm-up
+            per_call(call, args.calls // 4)  # warm-up
         best = {name: float("inf") for name in named}
         for _ in range(args.rounds):
             for name, call in named.items():
-                best[name] = min(best[name], block(call, args.calls))
+                best[name] = min(best[name], per_call(call, args.calls))
         table[tuple(shape)] = best
     names = list(next(iter(table.values())))
     print("| (B, H, L = S, E) | " + " | ".join(names) + " |")

@@ -40,8 +40,8 @@ bool in_host_memory(const Array& a) {
 }
 
 // A view of the caller's memory as `dtype`. DLPack strides are in elements, as TensorView's
-// are, and nanobind (or the exchange API's DLTensor, or TensorArgument for one without
-// them) fills them in for compact tensors, so every layout maps over unchanged. Made with
+// are, and nanobind (or the exchange API's DLTensor) fills them in for compact tensors, so
+// every layout maps over unchanged. Made with
 // the GIL held: an exchanged tensor's shape and strides are read in place.
 template <class Array>
 sdpa::TensorView view_over(const Array& a, sdpa::DType dtype) {

@@ -351,7 +351,7 @@ NB_MODULE(_core, m) {
   register_dist(m);
 
   m.def(
-      "reads_in_place", [](nb::handle tensor) { return sdpa_python::exchange_api(tensor) != nullptr; },
+      "reads_in_place", [](nb::handle tensor) { return sdpa_python::exchange_of(tensor).api != nullptr; },
       nb::arg("tensor"),
       "Whether the functions read `tensor` itself, through its type's DLPack C exchange API (a torch.Tensor "
       "from DLPack 1.3 on), rather than a DLPack capsule of it.");

@@ -45,21 +45,16 @@ bool is_torch_tensor_type(PyTypeObject* type) {
 // address is never another type's (a type freed and another allocated in its place). A
 // call sees two or three: torch.Tensor, numpy.ndarray, a capsule; a type past the eighth
 // is looked up at each argument. The GIL guards the cache.
-struct TypeInfo {
-  const DLPackExchangeAPI* api = nullptr;
-  bool writable = false;  // torch.Tensor's own
-};
-
-TypeInfo info_of(PyTypeObject* type) {
+Exchange exchange_of_type(PyTypeObject* type) {
   struct Entry {
     PyTypeObject* type = nullptr;
-    TypeInfo info;
+    Exchange info;
   };
   static std::array<Entry, 8> cache;
   static std::size_t filled = 0;
   for (std::size_t i = 0; i < filled; ++i)
     if (cache[i].type == type) return cache[i].info;
-  TypeInfo info;
+  Exchange info;
   info.api = own_api_of(type);
   info.writable = info.api != nullptr && is_torch_tensor_type(type);
   if (filled < cache.size()) {
@@ -71,8 +66,6 @@ TypeInfo info_of(PyTypeObject* type) {
 
 }  // namespace
 
-const DLPackExchangeAPI* exchange_api(nb::handle object) { return info_of(Py_TYPE(object.ptr())).api; }
-
-bool writable_through_exchange(nb::handle object) { return info_of(Py_TYPE(object.ptr())).writable; }
+Exchange exchange_of(nb::handle object) { return exchange_of_type(Py_TYPE(object.ptr())); }
 
 }  // namespace sdpa_python

@@ -39,16 +39,19 @@ struct DLPackExchangeAPI {
   void* current_work_stream;
 };
 
-// The exchange API of `object`'s type when that type defines one itself (torch.Tensor);
-// nullptr for anything else — an ndarray, a capsule, and a subclass, whose own
-// __dlpack__ (a FakeTensor's, a wrapper's) is its to honour. Cached per type.
-const DLPackExchangeAPI* exchange_api(nb::handle object);
-
-// Whether an exchanged object may be written: a DLTensor says nothing of read-only
-// memory, so only torch.Tensor itself is taken for an output (torch's
-// ReadOnlyTensorWrapper offers an API of its own, over memory that must not be written;
-// it goes through nb::ndarray's import, which refuses it).
-bool writable_through_exchange(nb::handle object);
+// What `object`'s type offers, cached per type:
+//   api       its exchange API when the type defines one itself (torch.Tensor); nullptr
+//             for anything else — an ndarray, a capsule, and a subclass, whose own
+//             __dlpack__ (a FakeTensor's, a wrapper's) is its to honour;
+//   writable  whether an object read through it may be written: a DLTensor says nothing
+//             of read-only memory, so only torch.Tensor itself is taken for an output
+//             (torch's ReadOnlyTensorWrapper offers an API of its own, over memory that
+//             must not be written; it goes through nb::ndarray's import, which refuses it).
+struct Exchange {
+  const DLPackExchangeAPI* api = nullptr;
+  bool writable = false;
+};
+Exchange exchange_of(nb::handle object);
 
 // The argument, read as nb::ndarray's accessors read (as view_over in arrays.h does), within
 // the bound function's body, before it releases the GIL. `Flags` are nb::ndarray's, for the
@@ -65,9 +68,11 @@ class TensorArgument {
   template <class CastFlags>
   bool read(nb::handle object, CastFlags flags, nb::detail::cleanup_list* cleanup) noexcept {
     constexpr bool kReadOnly = (std::is_same_v<Flags, nb::ro> || ...);
-    if (const DLPackExchangeAPI* api = exchange_api(object);
-        api != nullptr && (kReadOnly || writable_through_exchange(object))) {
-      is_exchanged_ = api->dltensor_from_py_object_no_sync(object.ptr(), &exchanged_) == 0;
+    if (const Exchange exchange = exchange_of(object); exchange.api != nullptr && (kReadOnly || exchange.writable)) {
+      // (Strides are required from DLPack 1.2 on; a producer that leaves them out is
+      // read by the import, which fills them in.)
+      is_exchanged_ = exchange.api->dltensor_from_py_object_no_sync(object.ptr(), &exchanged_) == 0 &&
+                      (exchanged_.strides != nullptr || exchanged_.ndim == 0);
       if (is_exchanged_) return true;
       PyErr_Clear();  // (a tensor it cannot describe: nb::ndarray's import has its say)
     }
@@ -85,13 +90,7 @@ class TensorArgument {
   std::int64_t shape(std::size_t d) const {
     return is_exchanged_ ? exchanged_.shape[d] : static_cast<std::int64_t>(imported_.shape(d));
   }
-  std::int64_t stride(std::size_t d) const {
-    if (!is_exchanged_) return imported_.stride(d);
-    if (exchanged_.strides != nullptr) return exchanged_.strides[d];
-    std::int64_t step = 1;  // (DLPack before 1.2 allowed none for a compact tensor: row-major)
-    for (std::size_t e = d + 1; e < ndim(); ++e) step *= exchanged_.shape[e];
-    return step;
-  }
+  std::int64_t stride(std::size_t d) const { return is_exchanged_ ? exchanged_.strides[d] : imported_.stride(d); }
   nb::dlpack::dtype dtype() const { return is_exchanged_ ? exchanged_.dtype : imported_.dtype(); }
   std::int32_t device_type() const { return is_exchanged_ ? exchanged_.device.device_type : imported_.device_type(); }
 
