@@ -17,7 +17,9 @@ where sdpa differs are in docs/semantics.md ("Python").
 """
 
 from . import _core
-from ._api import attention, paged_attention, quantize_kv, scaled_dot_product_attention, varlen_attention
+from ._attention import attention, scaled_dot_product_attention
+from ._quantize import quantize_kv
+from ._sequences import paged_attention, varlen_attention
 from ._patch import patch_torch
 from .nn import KVCache, MultiheadAttention
 

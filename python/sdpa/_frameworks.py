@@ -1,7 +1,7 @@
 """The caller's framework: inputs checked and outputs allocated as torch tensors or NumPy
 arrays, so that the C++ library reads and writes the caller's memory in place (DLPack) and
-nothing is copied. The public functions (sdpa/_api.py) and the layers (sdpa/nn.py) take the
-query's framework for the whole call."""
+nothing is copied. The public functions (sdpa/_attention.py, _sequences.py, _quantize.py)
+and the layers (sdpa/nn.py) take the query's framework for the whole call."""
 
 from __future__ import annotations
 

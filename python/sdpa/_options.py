@@ -2,9 +2,9 @@
 
   * `Options`, a NamedTuple with one field per scalar field of sdpa._core.Options (that is
     sdpa::Options, bound once in python/src/options.cpp), in the binding's order and with
-    its defaults. sdpa/_api.py builds one per call (`make_options`, below); torch.compile traces it
-    (it cannot construct the binding's objects, so those are made only where the C++ library
-    is called: `to_core`).
+    its defaults. The public functions build one per call (`make_options`, below);
+    torch.compile traces it (it cannot construct the binding's objects, so those are made
+    only where the C++ library is called: `to_core`).
   * the flat scalars of the torch.library custom ops' schemas (`flatten`, `unflatten`,
     `SCHEMA`), which hold tensors and scalars only;
   * `to_core(options)`: the sdpa._core.Options every function of sdpa._core takes.

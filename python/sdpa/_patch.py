@@ -99,7 +99,7 @@ class TorchPatch:
     def _route(self, args, kwargs):
         named = self._arguments(args, kwargs)
         if named is not None and self._sdpa_takes(named):
-            from ._api import scaled_dot_product_attention
+            from ._attention import scaled_dot_product_attention
 
             # With dropout, sdpa draws its seed from torch's generator before the library
             # checks the call; a refused call must leave that generator as torch alone would.

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from . import _core, _options
-from ._api import _sinks, _slopes
+from ._arguments import _sinks, _slopes
 from ._autograd import (_core_options, _differentiable, _input, _lse_dtype, _lse_gradient, _op, _readable,
                         _sink_gradient_buffer, _traced, _view)
 from ._frameworks import _Torch

@@ -62,6 +62,13 @@ def to64(x) -> torch.Tensor:
     return to_torch(x).detach().to(torch.float64)
 
 
+def packed(*shape, dtype=torch.float32, seed=0) -> torch.Tensor:
+    """A contiguous tensor of standard normals drawn in float64 from a generator seeded by
+    `seed`, rounded to dtype (the same draws at every dtype)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
 def data_pointer(x) -> int:
     return x.data_ptr() if isinstance(x, torch.Tensor) else x.__array_interface__["data"][0]
 

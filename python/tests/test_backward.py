@@ -454,7 +454,7 @@ def test_torch_compile_fullgraph_matches_eager():
 
 def test_torch_compile_with_the_projection_layout_matches_eager():
     """Inputs viewed from (B, L, H, E) projections: the output takes that layout (as torch's,
-    test_api.py), and the custom op's fake output must say so, or the compiled graph's
+    test_zero_copy.py), and the custom op's fake output must say so, or the compiled graph's
     view of it would read the wrong elements."""
     g = torch.Generator().manual_seed(8)
     q, k, v = (torch.randn(2, 9, 4, 8, generator=g).transpose(1, 2).requires_grad_() for _ in range(3))

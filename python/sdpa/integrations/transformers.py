@@ -34,7 +34,7 @@ import torch
 import transformers
 from transformers.masking_utils import sdpa_mask
 
-from .._api import scaled_dot_product_attention
+from .._attention import scaled_dot_product_attention
 
 DEFAULT_NAME = "exact_cpu"
 

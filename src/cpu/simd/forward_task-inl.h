@@ -59,7 +59,6 @@
 #include "cpu/simd/bf16_kernels.h"
 #include "cpu/simd/int8_kernels.h"
 #include "hwy/aligned_allocator.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/decode_rows-inl.h"
@@ -69,6 +68,7 @@
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
 #include "cpu/simd/score_modifiers-inl.h"
+#include "cpu/simd/store_outputs-inl.h"
 #include "cpu/simd/transpose-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -78,7 +78,6 @@ namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by for
 
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the backward
 
-constexpr double kLn2 = 0.6931471805599453;
 // bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h) where bf16::chosen(),
 // written for 32-row tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
@@ -578,7 +577,11 @@ class Task {
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
   void Finish(Subtile& t) {
     if (p_.has_sinks()) FoldSink(t);
-    StoreOutputs(t);
+    // (simd/store_outputs-inl.h)
+    constexpr std::size_t kLanes = kVectors * hn::MaxLanes(DF());
+    StoreOutputRows<kLanes>(p_.output, t.rows, t.ot.get(), s_.rows, static_cast<std::size_t>(p_.Ev), t.l.get(),
+                            s_.row_major.get());
+    if (p_.lse.present()) StoreLse<kLanes>(p_.lse, t.rows, t.m.get(), t.l.get(), s_.rows);
     if (p_.weights.present()) StoreWeights(t);
   }
 
@@ -596,83 +599,6 @@ class Task {
       t.m[r] = m_new;
       for (std::int64_t d = 0; d < p_.Ev; ++d) t.ot[d * s_.rows + r] *= alpha;
     }
-  }
-
-  // O = Oᵀ · (1 / l) transposed into the output rows, straight into a float32 output a run
-  // of consecutive rows at a time, the row's factor applied as it is transposed
-  // (TransposeRowsScaled: a pass over Oᵀ first cost as much as the transpose for a small
-  // head). A row no key reached (l = 0) gives 0 whatever its lanes of Oᵀ hold (0 · V of
-  // a NaN or an infinity): where there is one, Oᵀ is scaled lane-wise first, with the
-  // select, and transposed as it is. A NaN row stays NaN. lse = m·ln2 + ln l.
-  void StoreOutputs(Subtile& t) {
-    const DF df;
-    float* ot = t.ot.get();
-    const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // not reloaded after each store
-    HWY_ALIGN float inverse[kVectors * hn::MaxLanes(DF())];
-    bool unreached = false;  // (of the subtile's rows: its padding lanes have l = 0 too)
-    const std::size_t real = t.rows.size();
-    for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
-      const VF l = hn::Load(df, t.l.get() + lane0);
-      hn::Store(hn::Div(hn::Set(df, 1.0f), l), df, inverse + lane0);
-      if (lane0 < real)
-        unreached = unreached || !hn::AllFalse(df, hn::And(hn::Eq(l, hn::Zero(df)), hn::FirstN(df, real - lane0)));
-    }
-    if (unreached) {
-      for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
-        const auto zero = hn::Eq(hn::Load(df, t.l.get() + lane0), hn::Zero(df));
-        const VF factor = hn::Load(df, inverse + lane0);
-        for (std::size_t d = 0; d < Ev; ++d) {
-          float* at = ot + d * rows + lane0;
-          hn::Store(hn::IfThenZeroElse(zero, hn::Mul(hn::Load(df, at), factor)), df, at);
-        }
-        hn::Store(hn::Set(df, 1.0f), df, inverse + lane0);  // (scaled already)
-      }
-    }
-    if (FloatRows(p_.output) && p_.output.row_stride > 0) {
-      ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
-        const Row& first = t.rows[r0];
-        TransposeRowsScaled(ot + r0, rows, Ev, r1 - r0,
-                            reinterpret_cast<float*>(p_.output.address(first.matrix, first.i, 0)),
-                            static_cast<std::size_t>(p_.output.row_stride), inverse + r0);
-      });
-    } else {
-      float* out_rows = s_.row_major.get();
-      TransposeRowsScaled(ot, rows, Ev, t.rows.size(), out_rows, Ev, inverse);
-      for (std::size_t r = 0; r < t.rows.size(); ++r)
-        StoreRow(p_.output, t.rows[r].matrix, t.rows[r].i, 0, p_.Ev, out_rows + r * Ev);
-    }
-    if (!p_.lse.present()) return;
-    // In double lanes, as the scalar std::log it replaces (a float32 lse rounds once from
-    // it): a log a row was a sixth of a small training forward's time (B = 16, Hq = 4,
-    // L = S = 64, E = 16; bench/RESULTS.md, "The lse").
-    const hn::Repartition<double, DF> dd;
-    const hn::Rebind<float, decltype(dd)> df_half;
-    HWY_ALIGN double lse[kVectors * hn::MaxLanes(DF())];
-    for (std::size_t lane0 = 0; lane0 < rows; lane0 += hn::Lanes(dd)) {
-      const auto l = hn::PromoteTo(dd, hn::LoadU(df_half, t.l.get() + lane0));
-      const auto m = hn::PromoteTo(dd, hn::LoadU(df_half, t.m.get() + lane0));
-      // Log takes l > 0 only: a row that saw no key has l = 0 and lse −inf, a NaN row l =
-      // NaN and lse NaN (l is 1 or more otherwise: the largest score's term is 2^0).
-      const auto finite = hn::MulAdd(m, hn::Set(dd, kLn2), hn::Log(dd, l));
-      const auto none = hn::Set(dd, -std::numeric_limits<double>::infinity());
-      hn::Store(hn::IfThenElse(hn::IsNaN(l), l, hn::IfThenElse(hn::Eq(l, hn::Zero(dd)), none, finite)), dd,
-                lse + lane0);
-    }
-    // A float32 lse (every input dtype but float64) a run of consecutive rows at a time:
-    // the generic per-element store was another twentieth of that forward. (Not through
-    // FloatRows and Transpose as the output: the lse operand is (rows, 1) with column
-    // stride 0, and one float a row needs no transpose.)
-    const Operand& out = p_.lse;
-    if (out.dtype == DType::float32 && !out.paged() &&
-        reinterpret_cast<std::uintptr_t>(out.data) % alignof(float) == 0) {
-      ForEachRun(t.rows, [&](std::size_t r0, std::size_t r1) {
-        float* first = reinterpret_cast<float*>(out.address(t.rows[r0].matrix, t.rows[r0].i, 0));
-        for (std::size_t r = r0; r < r1; ++r)
-          first[static_cast<std::ptrdiff_t>(r - r0) * out.row_stride] = static_cast<float>(lse[r]);
-      });
-      return;
-    }
-    for (std::size_t r = 0; r < t.rows.size(); ++r) out.store<double>(t.rows[r].matrix, t.rows[r].i, 0, lse[r]);
   }
 
   // The weights, recomputed tile by tile with the final m and l: p = 2^(t − m) / l,

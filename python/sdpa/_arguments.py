@@ -1,0 +1,123 @@
+"""A call's arguments as the C++ library takes them, shared by the public functions
+(sdpa/_attention.py, sdpa/_sequences.py, sdpa/_quantize.py) and sdpa/distributed.py: the
+query, key and value checked in the caller's framework, the per-head tensors (ALiBi
+slopes, sinks), integer tables, int8 scales, and the checks whose messages must show the
+caller's layout rather than the library's views."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._frameworks import _Torch, _torch_module
+from ._options import _reals
+
+
+def _prepare_qkv(fw, query, key, value):
+    """query, key and value as the binding takes them (each checked under its own name)."""
+    compiling = fw.compiling()
+    return (fw.prepare("query", query, compiling=compiling), fw.prepare("key", key, compiling=compiling),
+            fw.prepare("value", value, compiling=compiling))
+
+
+def _per_head(fw, name, values, *, constant):
+    """A per-head tensor (alibi_slopes, sinks) in the caller's framework: a tensor / array is
+    read in place (float32 or float64, shape checked by the library); a list or tuple of
+    numbers becomes float64. ALiBi slopes are `constant` (no gradient flows to them); the
+    sinks are learned logits, differentiable like the query."""
+    if values is None:
+        return None
+    if isinstance(values, (list, tuple)):
+        values = np.asarray(_reals(name, values), dtype=np.float64)
+    if isinstance(fw, _Torch):
+        if isinstance(values, np.ndarray):
+            values = fw.torch.from_numpy(values)
+        values = fw.prepare(name, values)
+        return values.detach() if constant else values
+    return fw.prepare(name, values)
+
+
+def _slopes(fw, alibi_slopes):
+    return _per_head(fw, "alibi_slopes", alibi_slopes, constant=True)
+
+
+def _sinks(fw, sinks):
+    return _per_head(fw, "sinks", sinks, constant=False)
+
+
+def _integers(fw, name, x):
+    """An integer table (cu_seqlens, block_table, seq_lens): a torch tensor or NumPy array is
+    passed as it is (int32 or int64, checked by the binding), anything else becomes an int64
+    array. Through the torch custom ops it must be a tensor."""
+    torch = _torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_cpu:
+            raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
+        # DLPack exports a negated view's memory, the values' negatives, as they are.
+        return x.detach().resolve_neg()
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except ValueError as error:  # ragged nested lists
+            raise ValueError(f"{name}: expected a rectangular table of ints, got {error}") from None
+        if x.size == 0:
+            x = x.astype(np.int64)  # np.asarray([]) is float64
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected int32 or int64, got {x.dtype}")
+    # Packed (a small copy, which the binding makes anyway): a field of a structured array
+    # has strides DLPack cannot express.
+    x = np.ascontiguousarray(x)
+    return fw.torch.from_numpy(x) if isinstance(fw, _Torch) else x
+
+
+def _scales(fw, key_scale, value_scale):
+    """The scales of int8 key / value (float32, the tensor's shape without its last dim;
+    checked by the library), read in place; None when absent."""
+    if key_scale is None and value_scale is None:  # most calls: no generator to run
+        return None, None
+    return tuple(None if s is None else fw.prepare(name, s)
+                 for name, s in (("key_scale", key_scale), ("value_scale", value_scale)))
+
+
+def _scales_like(key_scale, value_scale, key, value, layout):
+    """Each scale has its tensor's shape without the last dim, checked in the caller's
+    layout (a packed or NHD call hands the library swapped views, and its message would
+    show those)."""
+    for name, s, tensor in (("key_scale", key_scale, key), ("value_scale", value_scale, value)):
+        if s is not None and tuple(s.shape) != tuple(tensor.shape[:-1]):
+            raise ValueError(f"{name}: expected {layout} = {tuple(tensor.shape[:-1])}, got shape {tuple(s.shape)}")
+
+
+def _inference_only(fw, what, *tensors):
+    """Quantized K/V have no backward: a call that would need one is refused up front."""
+    if isinstance(fw, _Torch):
+        torch = fw.torch
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            raise NotImplementedError(f"{what}: int8 key / value are for inference (no backward); call it under "
+                                      "torch.no_grad() or torch.inference_mode()")
+
+
+def _rank(name, x, rank, layout):
+    if x.ndim != rank:
+        raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {tuple(x.shape)}")
+
+
+def _like(name, x, other_name, other):
+    """x's shape is other's but for the last dim (value and key; value_pages and key_pages),
+    checked here so that the message shows the caller's layout, not the library's view."""
+    if tuple(x.shape[:-1]) != tuple(other.shape[:-1]):
+        expected = "(" + ", ".join(str(n) for n in other.shape[:-1]) + ", Ev)"
+        raise ValueError(f"{name}: expected {expected} like {other_name}, got shape {tuple(x.shape)}")
+
+
+def _autograd_module():
+    """sdpa._autograd, imported on the first torch call (it imports torch) and kept: an
+    import statement in the call itself costs a microsecond or two every time."""
+    global _AUTOGRAD
+    if _AUTOGRAD is None:
+        from . import _autograd
+
+        _AUTOGRAD = _autograd
+    return _AUTOGRAD
+
+
+_AUTOGRAD = None
