@@ -10,6 +10,10 @@ Per shape, the best over --rounds of a block's time per call (--calls calls a bl
   sdpa drop-in     sdpa.scaled_dot_product_attention(q, k, v): the checks, the output's
                    allocation (torch.empty_like), the binding, the library
   sdpa out=        sdpa.attention(q, k, v, out=out): as bench/peers.py calls it
+  ... general      the same two calls with the common call's short path declined
+                   (`_common_call`, sdpa/_attention.py): every check of the general
+                   path, as every call took it before the short path (+ ~0.1 µs for
+                   swapping the function out and back)
   _core tensors    sdpa._core.forward on the tensors themselves (read through DLPack's C
                    exchange API where torch has one: python/src/tensor_argument.h) — the
                    binding and the library alone
@@ -27,8 +31,25 @@ import torch
 from peers import cpu_model, per_call  # bench/peers.py, beside this script
 
 import sdpa
-from sdpa import _core
+from sdpa import _attention, _core
 from sdpa._options import make_options, to_core
+
+_SHORT_PATH = _attention._common_call
+
+
+def _decline(*args, **kwargs):
+    return None
+
+
+def general_path(call):
+    """call, with sdpa's short path for the common call declined while it runs."""
+    def run():
+        _attention._common_call = _decline
+        try:
+            return call()
+        finally:
+            _attention._common_call = _SHORT_PATH
+    return run
 
 
 def callers(shape):
@@ -38,10 +59,14 @@ def callers(shape):
     options = to_core(make_options(None))
     to_dlpack = torch.utils.dlpack.to_dlpack
     F = torch.nn.functional.scaled_dot_product_attention
+    drop_in = lambda: sdpa.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    with_out = lambda: sdpa.attention(q, k, v, out=out)  # noqa: E731
     return {
         "torch F.sdpa": lambda: F(q, k, v),
-        "sdpa drop-in": lambda: sdpa.scaled_dot_product_attention(q, k, v),
-        "sdpa out=": lambda: sdpa.attention(q, k, v, out=out),
+        "sdpa drop-in": drop_in,
+        "drop-in general": general_path(drop_in),
+        "sdpa out=": with_out,
+        "out= general": general_path(with_out),
         "_core tensors": lambda: _core.forward(q, k, v, None, None, None, out, None, None, options),
         "_core capsules": lambda: _core.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None,
                                                 to_dlpack(out), None, None, options),

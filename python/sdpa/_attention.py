@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core
+from . import _core, _frameworks
 from ._arguments import _autograd_module, _inference_only, _prepare_qkv, _scales, _sinks, _slopes
-from ._frameworks import _framework, _Torch
-from ._options import make_options, to_core
+from ._frameworks import _framework, _Torch, output_like
+from ._options import causal_and_scale, make_options, to_core
+
+# The window_size default, by identity: a call that leaves it is a common call (_common_call).
+_NO_WINDOW = (-1, -1)
 
 
 def _batch_dims(ndim: int) -> int:
@@ -24,6 +27,59 @@ def _batch_differs(q_shape, k_shape, v_shape, nb: int) -> bool:
         if not q_shape[d] == k_shape[d] == v_shape[d]:
             return True
     return False
+
+
+def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop_in_gqa=None):
+    """The call a model makes thousands of times, with the fewest checks: torch.Tensor
+    itself for every tensor (read through torch's DLPack C exchange API), no gradient
+    wanted, not traced by torch.compile, no keyword but causal, scale and out. The general
+    path's checks cost more than a small head's whole computation (docs/performance.md,
+    "Small problems"); those left out here are the ones the binding and the library make
+    again (dtype, device, layout, shapes: a refused tensor cannot be exchanged) or that
+    send a call to the general path (the lazy bits, gradients). Returns the output, or
+    None when the call is not such a call or the library refuses it: the general path then
+    runs from the start and raises its own error (the library writes nothing before its
+    checks pass, and nothing has drawn a seed). drop_in_gqa: the drop-in's enable_gqa; its
+    call is taken here only at rank 4 with head counts that differ only with enable_gqa
+    (torch's rule, which the library does not apply) and one batch (a batch to broadcast
+    is the general path's: the library would refuse it). None for sdpa.attention, which
+    applies GQA always and broadcasts nothing."""
+    fw = _frameworks._TORCH
+    if fw is None:  # (made by the first torch call)
+        fw = _framework(query)
+        if not isinstance(fw, _Torch):
+            return None
+    if not fw.in_place:
+        return None
+    torch = fw.torch
+    if torch.compiler.is_compiling():  # (first: a tensor attribute would break the traced graph)
+        return None
+    tensor = torch.Tensor
+    if not (type(query) is tensor and type(key) is tensor and type(value) is tensor
+            and (mask is None or type(mask) is tensor) and (out is None or type(out) is tensor)):
+        return None
+    # Torch's errors too (RuntimeError: a nested tensor has no shape, a sparse one no
+    # strides), all of them the general path's to report.
+    try:
+        if drop_in_gqa is not None:
+            q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+            if not (len(q_shape) == len(k_shape) == len(v_shape) == 4 and q_shape[0] == k_shape[0] == v_shape[0]
+                    and (drop_in_gqa or q_shape[1] == k_shape[1] == v_shape[1])):
+                return None
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
+                                        or (mask is not None and mask.requires_grad)):
+            return None
+        # A lazily negated view: the general path resolves an input and refuses an output.
+        if (query.is_neg() or key.is_neg() or value.is_neg() or (mask is not None and mask.is_neg())
+                or (out is not None and out.is_neg())):
+            return None
+        options = causal_and_scale(causal, scale)
+        if out is None:
+            out = output_like(torch, query, value.shape[-1], 0.0)
+        _core.forward(query, key, value, mask, None, None, out, None, None, options, mask_name)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return out
 
 
 def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
@@ -61,7 +117,7 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
 
 
 def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_p=0.0, seed=None,
-              return_weights=False, return_lse=False, out=None, window_size=(-1, -1), alignment=None,
+              return_weights=False, return_lse=False, out=None, window_size=_NO_WINDOW, alignment=None,
               alibi_slopes=None, softcap=0.0, sinks=None, key_scale=None, value_scale=None):
     """Scaled dot-product attention, softmax(query @ keyᵀ · scale + mask) @ value.
 
@@ -150,6 +206,12 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         NotImplementedError: return_weights or out with inputs that require grad; int8
             key / value with inputs (scales included) that require grad.
     """
+    if (type(dropout_p) is float and dropout_p == 0.0 and seed is None and not return_weights and not return_lse
+            and window_size is _NO_WINDOW and alignment is None and alibi_slopes is None and type(softcap) is float
+            and softcap == 0.0 and sinks is None and key_scale is None and value_scale is None):
+        output = _common_call(query, key, value, mask, "mask", causal, scale, out)
+        if output is not None:
+            return output
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if mask is None else fw.prepare("mask", mask)
@@ -166,7 +228,7 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, seed=None, window_size=(-1, -1), alignment=None,
+                                 enable_gqa=False, *, seed=None, window_size=_NO_WINDOW, alignment=None,
                                  alibi_slopes=None, softcap=0.0, sinks=None, key_scale=None, value_scale=None):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -209,6 +271,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             not broadcast, dropout_p outside [0, 1), a non-finite scale, a bad window_size,
             softcap, alibi_slopes, sinks or alignment.
     """
+    if (type(dropout_p) is float and dropout_p == 0.0 and seed is None and window_size is _NO_WINDOW
+            and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
+            and sinks is None and key_scale is None and value_scale is None):
+        output = _common_call(query, key, value, attn_mask, "attn_mask", "top_left" if is_causal else None, scale,
+                              None, drop_in_gqa=enable_gqa)
+        if output is not None:
+            return output
     fw = _framework(query)
     q, k, v = _prepare_qkv(fw, query, key, value)
     m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)

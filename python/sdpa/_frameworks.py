@@ -34,7 +34,7 @@ class _Torch:
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
         # The binding reads a plain torch.Tensor itself where torch offers DLPack 1.3's C
         # exchange API (torch 2.15 does): no capsule to make (export, below).
-        self._in_place = _core.reads_in_place(self.torch.empty(0))
+        self.in_place = _core.reads_in_place(self.torch.empty(0))
         self._cpu = self.torch.device("cpu")  # (torch.empty parses a device string each call)
 
     def compiling(self) -> bool:
@@ -94,7 +94,7 @@ class _Torch:
         if x is None:
             return None
         if type(x) is self.torch.Tensor:
-            return x if self._in_place else self._to_dlpack(x)
+            return x if self.in_place else self._to_dlpack(x)
         return x.detach()
 
     def lse_dtype(self, query):

@@ -213,3 +213,24 @@ def _checked_options(fw, causal, scale, dropout_p, seed, window_size, alignment,
 
 # make_options' result for each causal value, every other keyword at its default.
 _PLAIN = {causal: _checked_options(None, causal, None, 0.0, None, (-1, -1), None, 0.0) for causal in _CAUSAL}
+
+
+def causal_and_scale(causal, scale) -> _core.Options:
+    """to_core(make_options(None, causal=causal, scale=scale)): the options of a call that
+    gives no other keyword (a model's: at most a few (causal, scale) pairs), kept by those
+    two, so that such a call neither checks nor hashes the other fields (the drop-in's
+    common call, sdpa/_attention.py). Raises as make_options does."""
+    key = (causal, scale)
+    core = _BY_CAUSAL_AND_SCALE.get(key)
+    if core is None:
+        options = make_options(None, causal=causal, scale=scale)
+        core = to_core(options)
+        # (A caller that varies the scale, or passes one the library will refuse, goes
+        # through to_core's cache.)
+        if len(_BY_CAUSAL_AND_SCALE) < 64 and (scale is None or math.isfinite(options.scale)):
+            _BY_CAUSAL_AND_SCALE[key] = core
+    return core
+
+
+_BY_CAUSAL_AND_SCALE = {}
+atexit.register(_BY_CAUSAL_AND_SCALE.clear)  # (as _cached_core's, above)

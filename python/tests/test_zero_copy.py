@@ -74,11 +74,11 @@ def test_torch_tensors_are_read_through_the_dlpack_exchange_api():
                      None, options)
         assert torch.equal(out, outputs[0])
     fw = sdpa._frameworks._framework(q)
-    fw._in_place = False  # the capsule path of a torch without the exchange API
+    fw.in_place = False  # the capsule path of a torch without the exchange API
     try:
         assert torch.equal(sdpa.attention(q, k, v), outputs[0])
     finally:
-        fw._in_place = True
+        fw.in_place = True
 
 
 def test_out_buffer_is_written_in_place_in_any_layout():

@@ -1,0 +1,145 @@
+"""The common call's short path (sdpa/_attention.py, `_common_call`): a model's call —
+plain torch tensors, no gradient, no keyword but causal, scale, out and enable_gqa — skips
+the general path's checks. It must give the general path's results to the bit, in the same
+layout, and leave to the general path every call it cannot answer the same way: lazily
+negated views, gradients, a head count torch refuses, a batch to broadcast, and every error.
+"""
+
+import pytest
+import torch
+
+import oracle
+import sdpa
+from oracle import packed
+from sdpa import _attention
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("the general path ran")
+
+
+def decline(*args, **kwargs):
+    return None
+
+
+@pytest.fixture
+def general_path_refused(monkeypatch):
+    """The general path raises (its first step, _prepare_qkv): a call that returns took the
+    short one."""
+    monkeypatch.setattr(_attention, "_prepare_qkv", refuse)
+
+
+@pytest.fixture
+def short_path_refused(monkeypatch):
+    monkeypatch.setattr(_attention, "_common_call", decline)
+
+
+def common_calls():
+    """(name, call) pairs the short path must take: masks of both kinds, causal, scales,
+    GQA, the (B, L, H, E) projection layout, out=."""
+    B, Hq, Hkv, L, S, E = 2, 4, 2, 5, 7, 8
+    q, k, v = packed(B, Hq, L, E, seed=1), packed(B, Hkv, S, E, seed=2), packed(B, Hkv, S, E, seed=3)
+    k4, v4 = packed(B, Hq, S, E, seed=4), packed(B, Hq, S, E, seed=5)
+    projected = packed(B, L, Hq, E, seed=6).transpose(1, 2)
+    bool_mask = packed(L, S, seed=7) > 0
+    float_mask = packed(B, 1, L, S, seed=8, dtype=torch.float64)
+    F = sdpa.scaled_dot_product_attention
+    return [
+        ("plain", lambda: F(q, k4, v4)),
+        ("bool mask", lambda: F(q, k4, v4, attn_mask=bool_mask)),
+        ("float64 mask", lambda: F(q, k4, v4, float_mask)),
+        ("causal", lambda: F(q, k4, v4, is_causal=True)),
+        ("scale 0.3", lambda: F(q, k4, v4, scale=0.3)),
+        ("scale -2", lambda: F(q, k4, v4, scale=-2.0, is_causal=True)),  # after 0.3: keyed by both
+        ("gqa", lambda: F(q, k, v, enable_gqa=True)),
+        ("projection layout", lambda: F(projected, k, v, enable_gqa=True)),
+        ("attention bottom_right", lambda: sdpa.attention(q, k, v, causal="bottom_right", scale=0.5)),
+        ("attention out=", lambda: sdpa.attention(q, k, v, bool_mask, out=torch.empty(B, L, Hq, E).transpose(1, 2))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10), ids=[name for name, _ in common_calls()])
+def test_the_common_call_takes_the_short_path_and_gives_the_general_paths_bits(case, monkeypatch):
+    name, call = common_calls()[case]
+    with monkeypatch.context() as m:
+        m.setattr(_attention, "_prepare_qkv", refuse)
+        short = call()
+    with monkeypatch.context() as m:
+        m.setattr(_attention, "_common_call", decline)
+        general = call()
+    assert torch.equal(short, general), name
+    assert short.stride() == general.stride(), name
+
+
+def test_the_short_paths_options_follow_causal_and_scale():
+    """Calls that differ only in causal or scale, one after the other (the options are kept
+    by those two), against the float64 oracle."""
+    q, k, v = packed(1, 2, 6, 8, seed=10), packed(1, 2, 6, 8, seed=11), packed(1, 2, 6, 8, seed=12)
+    for is_causal, scale in ((False, None), (True, None), (False, 0.25), (True, 0.25), (False, -1.5), (False, None)):
+        ours = sdpa.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        reference = oracle.torch_sdpa(q.double(), k.double(), v.double(), is_causal=is_causal, scale=scale)
+        oracle.check_close("output", torch.float32, ours, reference)
+
+
+def test_calls_the_short_path_cannot_answer_go_the_general_way(general_path_refused):
+    """Each of these, taken by the short path, would be a wrong answer (negated values, no
+    gradient, heads torch refuses, a batch not broadcast): with the general path refused,
+    each must fail rather than return."""
+    q, k, v = packed(2, 4, 5, 8, seed=20), packed(2, 4, 6, 8, seed=21), packed(2, 4, 6, 8, seed=22)
+    kv2 = packed(2, 2, 6, 8, seed=23)
+    F = sdpa.scaled_dot_product_attention
+    calls = [
+        lambda: F(torch._neg_view(q), k, v),
+        lambda: F(q, k, v, attn_mask=torch._neg_view(packed(5, 6, seed=24))),
+        lambda: F(q.clone().requires_grad_(), k, v),
+        lambda: F(q, k, v, attn_mask=packed(5, 6, seed=25).requires_grad_()),
+        lambda: F(q, kv2, kv2),  # Hq != Hkv without enable_gqa: torch's ValueError
+        lambda: F(q, k[:1], v[:1]),  # a batch of 1 broadcast
+        lambda: F(q[0], k[0], v[0]),  # rank 3
+        lambda: F(q, k, v, dropout_p=0.5),
+        lambda: sdpa.attention(q, k, v, out=torch._neg_view(torch.empty(2, 4, 5, 8))),
+        lambda: sdpa.attention(torch.nn.Parameter(q), k, v),
+        lambda: sdpa.attention(q.numpy(), k.numpy(), v.numpy()),
+    ]
+    for n, call in enumerate(calls):
+        with pytest.raises(AssertionError, match="the general path ran"):
+            call()
+            pytest.fail(f"call {n} took the short path")
+
+
+def test_what_the_general_path_gives_for_those_calls(short_path_refused):
+    """...and what they give there: torch's answers (the short path refused, so a change to
+    it cannot mask a change here)."""
+    q, k, v = packed(2, 4, 5, 8, seed=20), packed(2, 4, 6, 8, seed=21), packed(2, 4, 6, 8, seed=22)
+    kv2 = packed(2, 2, 6, 8, seed=23)
+    reference = oracle.torch_sdpa(q.double(), k.double(), v.double())
+    oracle.check_close("output", torch.float32, sdpa.scaled_dot_product_attention(torch._neg_view(-q), k, v),
+                       reference)
+    with pytest.raises(ValueError, match="key: expected 4 heads like the query, got 2"):
+        sdpa.scaled_dot_product_attention(q, kv2, kv2)
+    broadcast = oracle.torch_sdpa(q.double(), k[:1].double(), v[:1].double())
+    oracle.check_close("output", torch.float32, sdpa.scaled_dot_product_attention(q, k[:1], v[:1]), broadcast)
+    leaf = q.clone().requires_grad_()
+    sdpa.scaled_dot_product_attention(leaf, k, v).sum().backward()
+    assert leaf.grad is not None and leaf.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("call,exception,message", [
+    (lambda q: sdpa.scaled_dot_product_attention(q.to(torch.int32), q, q), TypeError, "query: expected float16"),
+    (lambda q: sdpa.scaled_dot_product_attention(q, q[..., :3], q), ValueError, "^key: "),
+    (lambda q: sdpa.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, 3)), ValueError, "^attn_mask: "),
+    (lambda q: sdpa.scaled_dot_product_attention(q, q, q, scale=float("nan")), ValueError, "scale"),
+    (lambda q: sdpa.scaled_dot_product_attention(q.to_sparse(), q, q), TypeError,
+     "^query: expected a strided \\(dense\\) tensor, got layout torch.sparse_coo"),
+    (lambda q: sdpa.scaled_dot_product_attention(q, q.to("meta"), q), ValueError, "^key: expected a CPU tensor"),
+    (lambda q: sdpa.attention(q, q, q, causal="left"), ValueError, "causal"),
+    (lambda q: sdpa.attention(q, q, q, out=q), ValueError, "^out: "),
+])
+def test_a_refused_common_call_gets_the_general_paths_error(call, exception, message):
+    """The library refuses it in the short path; the general path runs and names the argument.
+    An out= that overlaps an input is left unwritten."""
+    q = packed(1, 2, 4, 8, seed=30)
+    before = q.clone()
+    with pytest.raises(exception, match=message):
+        call(q)
+    assert torch.equal(q, before)
