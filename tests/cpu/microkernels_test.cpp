@@ -2,8 +2,8 @@
 // compiles and this CPU runs, as Highway's own tests do (HWY_EXPORT_AND_TEST_P runs a
 // per-target function once per target): 2^x, the online softmax's reference max, the
 // score blocks and tiles, the accumulate blocks, the transposes between row-major and
-// lane-major tiles, the backward's rank update, row loads and stores of every dtype, and
-// the log-sum-exp merge of split keys —
+// lane-major tiles, the backward's rank update, row loads and stores of every dtype, row
+// addresses of plain and paged rows, and the log-sum-exp merge of split keys —
 // each against the same computation in float64. A target whose microkernel is wrong
 // fails here by name, before the whole-kernel tests
 // (forward_test.cpp, backward_test.cpp, targets_test.cpp) see a wrong attention.
@@ -341,6 +341,42 @@ HWY_NOINLINE void TestRowLoadStore() {
   }
 }
 
+// RowRun gives each row of a run the address the operand's own element access gives it:
+// plain rows, and paged rows whose pages lie in scrambled order, for runs that start
+// inside a page, end inside one, span several, or lie within one; pages of one row too.
+HWY_NOINLINE void TestRowRun() {
+  for (std::int64_t page_rows : {1, 3, 16}) {
+    for (const bool paged : {false, true}) {
+      const std::int64_t rows = 50, heads = 2, width = 5;
+      Operand op;
+      op.dtype = DType::float32;
+      op.element_size = 4;
+      op.col_stride = 1;
+      op.row_stride = width + 2;
+      std::vector<std::byte> bytes(1 << 16);
+      op.data = bytes.data();
+      if (paged) {
+        // (pages, heads, page_rows, width + 2), the pages listed in reverse order.
+        const std::int64_t pages = (rows + page_rows - 1) / page_rows, page_size = heads * page_rows * op.row_stride;
+        op.page_rows = page_rows;
+        for (std::int64_t k = 0; k < pages; ++k) op.page_offset.push_back((pages - 1 - k) * page_size);
+        op.head_offset = {0, page_rows * op.row_stride};
+      } else {
+        op.head_offset = {0, rows * op.row_stride};
+      }
+      for (std::int64_t matrix = 0; matrix < heads; ++matrix)
+        for (const auto& [j0, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {0, rows}, {1, 1}, {2, 17}, {page_rows - 1, 2}, {page_rows, page_rows}, {rows - 5, 5}, {7, 0}}) {
+          std::vector<const std::byte*> run(static_cast<std::size_t>(count));
+          RowRun(op, matrix, j0, count, run.data());
+          for (std::int64_t c = 0; c < count; ++c)
+            EXPECT_EQ(run[c], op.address(matrix, j0 + c, 0))
+                << "page_rows " << page_rows << " paged " << paged << " matrix " << matrix << " row " << j0 + c;
+        }
+    }
+  }
+}
+
 // Merging the states of key splits gives m = max m_s, l = Σ 2^(m_s − m) l_s,
 // Oᵀ = Σ 2^(m_s − m) Oᵀ_s; a row no split saw (all m_s = −inf) stays l = 0, Oᵀ = 0.
 HWY_NOINLINE void TestMergeSplitStates() {
@@ -407,6 +443,7 @@ HWY_EXPORT_AND_TEST_P(Microkernels, TestTranspose);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestAccumulate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRankUpdate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRowLoadStore);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestRowRun);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestMergeSplitStates);
 
 }  // namespace sdpa::detail

@@ -315,9 +315,10 @@ class Task {
   // task's keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
-    const auto row = RowAddresses(op, kvm_);
-    const std::int64_t ahead = RowsAheadOf(dtype_size(op.dtype));
-    for (std::int64_t c = 0; c < cols + ahead; ++c) rows[c] = row(std::min(j0 + c, end - 1));
+    const std::int64_t wanted = cols + RowsAheadOf(dtype_size(op.dtype));
+    const std::int64_t there = std::min(wanted, end - j0);
+    RowRun(op, kvm_, j0, there, rows.data());
+    for (std::int64_t c = there; c < wanted; ++c) rows[c] = rows[there - 1];
   }
 
   // Qᵀ[e][r] = q[r][e] · scale · log2(e); rows past the tile are 0. For bfloat16, the

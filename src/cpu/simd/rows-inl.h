@@ -37,6 +37,29 @@ inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
   };
 }
 
+// The addresses of op's rows [j0, j0 + count) of matrix `matrix` into rows[0, count): a
+// paged op's rows walked page by page, one division for the first row where
+// RowAddresses' row(j) makes one a row (a decode tile asks for two hundred rows, K's
+// and V's, and a 64-bit division costs tens of cycles on Intel cores).
+inline void RowRun(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t count,
+                   const std::byte** rows) {
+  const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
+  if (!op.paged()) {
+    const std::byte* first = op.address(matrix, j0, 0);
+    for (std::int64_t c = 0; c < count; ++c) rows[c] = first + c * step;
+    return;
+  }
+  const auto element_size = static_cast<std::int64_t>(op.element_size);
+  const std::byte* head = op.data + op.head_offset[static_cast<std::size_t>(matrix)] * element_size;
+  std::int64_t page = j0 / op.page_rows, in_page = j0 % op.page_rows;
+  for (std::int64_t c = 0; c < count;) {
+    const std::byte* row = head + op.page_offset[static_cast<std::size_t>(page)] * element_size + in_page * step;
+    for (; in_page < op.page_rows && c < count; ++in_page, ++c, row += step) rows[c] = row;
+    ++page;
+    in_page = 0;
+  }
+}
+
 // Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
 // L2 in one burst, for rows of unit column stride (others are left to the hardware). A
 // task whose rows are its KV head's whole group of query rows (no other task reads those
