@@ -52,8 +52,15 @@ def _integers(fw, name, x):
     if torch is not None and isinstance(x, torch.Tensor):
         if not x.is_cpu:
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
-        # DLPack exports a negated view's memory, the values' negatives, as they are.
-        return x.detach().resolve_neg()
+        # DLPack exports a negated view's memory, the values' negatives, as they are. (Each
+        # new view costs ~0.5 µs a call: made only when needed — only a float tensor, which
+        # the binding refuses by its dtype, can require grad — but where torch.compile
+        # traces, which the bool of is_neg() would break.)
+        if torch.compiler.is_compiling():
+            return x.detach().resolve_neg()
+        if x.is_neg():
+            x = x.resolve_neg()
+        return x.detach() if x.requires_grad else x
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)

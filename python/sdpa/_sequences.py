@@ -180,7 +180,7 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
     rows = tuple(q.shape[:-1])
-    output = fw.empty(rows + tuple(vp.shape[-1:]), q.dtype)
+    output = fw.empty(rows + (vp.shape[-1],), q.dtype)
     lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
     export = fw.export
     _core.forward_paged(export(q), export(kp), export(vp), export(table), export(lengths), export(slopes),
