@@ -7,8 +7,9 @@ call through each layer, in one process, the layers' blocks taking turns.
 Per shape, the best over --rounds of a block's time per call (--calls calls a block), for:
 
   torch F.sdpa     torch.nn.functional.scaled_dot_product_attention(q, k, v)
-  sdpa drop-in     sdpa.scaled_dot_product_attention(q, k, v): the checks, the output's
-                   allocation (torch.empty_like), the binding, the library
+  sdpa drop-in     sdpa.scaled_dot_product_attention(q, k, v): the common call's short
+                   path (its few checks), the output's allocation
+                   (torch.empty_like), the binding, the library
   sdpa out=        sdpa.attention(q, k, v, out=out): as bench/peers.py calls it
   ... general      the same two calls with the common call's short path declined
                    (`_common_call`, sdpa/_attention.py): every check of the general

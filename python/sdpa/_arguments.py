@@ -12,9 +12,9 @@ from ._frameworks import _Torch, _torch_module
 from ._options import _reals
 
 
-def _prepare_qkv(fw, query, key, value):
-    """query, key and value as the binding takes them (each checked under its own name)."""
-    compiling = fw.compiling()
+def _prepare_qkv(fw, query, key, value, *, compiling):
+    """query, key and value as the binding takes them (each checked under its own name).
+    `compiling`: fw.compiling(), asked once a call (the costliest check: _Torch.compiling)."""
     return (fw.prepare("query", query, compiling=compiling), fw.prepare("key", key, compiling=compiling),
             fw.prepare("value", value, compiling=compiling))
 
@@ -44,10 +44,10 @@ def _sinks(fw, sinks):
     return _per_head(fw, "sinks", sinks, constant=False)
 
 
-def _integers(fw, name, x):
+def _integers(fw, name, x, *, compiling):
     """An integer table (cu_seqlens, block_table, seq_lens): a torch tensor or NumPy array is
     passed as it is (int32 or int64, checked by the binding), anything else becomes an int64
-    array. Through the torch custom ops it must be a tensor."""
+    array. Through the torch custom ops it must be a tensor. `compiling`: fw.compiling()."""
     torch = _torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
         if not x.is_cpu:
@@ -56,7 +56,7 @@ def _integers(fw, name, x):
         # new view costs ~0.5 µs a call: made only when needed — only a float tensor, which
         # the binding refuses by its dtype, can require grad — but where torch.compile
         # traces, which the bool of is_neg() would break.)
-        if torch.compiler.is_compiling():
+        if compiling:
             return x.detach().resolve_neg()
         if x.is_neg():
             x = x.resolve_neg()

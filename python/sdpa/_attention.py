@@ -52,11 +52,11 @@ def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop
     if not fw.in_place:
         return None
     torch = fw.torch
-    if torch.compiler.is_compiling():  # (first: a tensor attribute would break the traced graph)
-        return None
     tensor = torch.Tensor
     if not (type(query) is tensor and type(key) is tensor and type(value) is tensor
             and (mask is None or type(mask) is tensor) and (out is None or type(out) is tensor)):
+        return None
+    if torch.compiler.is_compiling():  # (before any tensor attribute: its bool would break the traced graph)
         return None
     # Torch's errors too (RuntimeError: a nested tensor has no shape, a sparse one no
     # strides), all of them the general path's to report.
@@ -82,8 +82,7 @@ def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop
     return out
 
 
-def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, scales=(None, None)):
-    compiling = fw.compiling()
+def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_name, compiling, scales=(None, None)):
     if scales[0] is not None or scales[1] is not None:
         _inference_only(fw, "key_scale / value_scale", q, k, v, mask, sinks, *scales)
     elif isinstance(fw, _Torch):
@@ -213,15 +212,16 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         if output is not None:
             return output
     fw = _framework(query)
-    q, k, v = _prepare_qkv(fw, query, key, value)
-    m = None if mask is None else fw.prepare("mask", mask)
+    compiling = fw.compiling()
+    q, k, v = _prepare_qkv(fw, query, key, value, compiling=compiling)
+    m = None if mask is None else fw.prepare("mask", mask, compiling=compiling)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal=causal, scale=scale, dropout_p=dropout_p, seed=seed,
                            window_size=window_size, alignment=alignment, softcap=softcap)
     scales = _scales(fw, key_scale, value_scale)
     output, weights, lse = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=return_weights, lse=return_lse,
-                                out=out, mask_name="mask", scales=scales)
+                                out=out, mask_name="mask", compiling=compiling, scales=scales)
     if not (return_weights or return_lse):
         return output
     return (output,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
@@ -275,12 +275,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
             and sinks is None and key_scale is None and value_scale is None):
         output = _common_call(query, key, value, attn_mask, "attn_mask", "top_left" if is_causal else None, scale,
-                              None, drop_in_gqa=enable_gqa)
+                              None, drop_in_gqa=bool(enable_gqa))
         if output is not None:
             return output
     fw = _framework(query)
-    q, k, v = _prepare_qkv(fw, query, key, value)
-    m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask)
+    compiling = fw.compiling()
+    q, k, v = _prepare_qkv(fw, query, key, value, compiling=compiling)
+    m = None if attn_mask is None else fw.prepare("attn_mask", attn_mask, compiling=compiling)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     options = make_options(fw, causal="top_left" if is_causal else None, scale=scale, dropout_p=dropout_p,
@@ -324,5 +325,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                for s, t in zip(scales, (k, v)))
                 q, k, v = (fw.broadcast_to(t, batch + tuple(t.shape[nb:])) for t in (q, k, v))
     output, _, _ = _run(fw, q, k, v, m, slopes, sink_logits, options, weights=False, lse=False, out=None,
-                        mask_name="attn_mask", scales=scales)
+                        mask_name="attn_mask", compiling=compiling, scales=scales)
     return output[0] if squeeze else output

@@ -2,8 +2,9 @@
 
   * `Options`, a NamedTuple with one field per scalar field of sdpa._core.Options (that is
     sdpa::Options, bound once in python/src/options.cpp), in the binding's order and with
-    its defaults. The public functions build one per call (`make_options`, below);
-    torch.compile traces it (it cannot construct the binding's objects, so those are made
+    its defaults. The public functions build one per call (`make_options`, below; the
+    common call's short path takes its binding object from `causal_and_scale`, kept by
+    causal and scale); torch.compile traces it (it cannot construct the binding's objects, so those are made
     only where the C++ library is called: `to_core`).
   * the flat scalars of the torch.library custom ops' schemas (`flatten`, `unflatten`,
     `SCHEMA`), which hold tensors and scalars only;
@@ -215,22 +216,14 @@ def _checked_options(fw, causal, scale, dropout_p, seed, window_size, alignment,
 _PLAIN = {causal: _checked_options(None, causal, None, 0.0, None, (-1, -1), None, 0.0) for causal in _CAUSAL}
 
 
+@functools.lru_cache(maxsize=64, typed=True)
 def causal_and_scale(causal, scale) -> _core.Options:
     """to_core(make_options(None, causal=causal, scale=scale)): the options of a call that
     gives no other keyword (a model's: at most a few (causal, scale) pairs), kept by those
-    two, so that such a call neither checks nor hashes the other fields (the drop-in's
-    common call, sdpa/_attention.py). Raises as make_options does."""
-    key = (causal, scale)
-    core = _BY_CAUSAL_AND_SCALE.get(key)
-    if core is None:
-        options = make_options(None, causal=causal, scale=scale)
-        core = to_core(options)
-        # (A caller that varies the scale, or passes one the library will refuse, goes
-        # through to_core's cache.)
-        if len(_BY_CAUSAL_AND_SCALE) < 64 and (scale is None or math.isfinite(options.scale)):
-            _BY_CAUSAL_AND_SCALE[key] = core
-    return core
+    two, so that such a call neither checks nor hashes the other fields (the common call's
+    short path, sdpa/_attention.py). Raises as make_options does (nothing is kept then).
+    typed: a bool scale, which make_options refuses, is not the float it equals."""
+    return to_core(make_options(None, causal=causal, scale=scale))
 
 
-_BY_CAUSAL_AND_SCALE = {}
-atexit.register(_BY_CAUSAL_AND_SCALE.clear)  # (as _cached_core's, above)
+atexit.register(causal_and_scale.cache_clear)  # (as _cached_core's, above)

@@ -64,13 +64,14 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
         NotImplementedError: int8 key / value with inputs (scales included) that require grad.
     """
     fw = _framework(query)
-    q, k, v = _prepare_qkv(fw, query, key, value)
+    compiling = fw.compiling()
+    q, k, v = _prepare_qkv(fw, query, key, value, compiling=compiling)
     _rank("query", q, 3, "(total_q, Hq, E)")
     _rank("key", k, 3, "(total_k, Hkv, E)")
     _rank("value", v, 3, "(total_k, Hkv, Ev)")
     _like("value", v, "the key", k)
-    cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q)
-    cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k)
+    cu_q = _integers(fw, "cu_seqlens_q", cu_seqlens_q, compiling=compiling)
+    cu_k = _integers(fw, "cu_seqlens_k", cu_seqlens_k, compiling=compiling)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     # After the tensors' checks: a rejected call draws no seed from the global generator.
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
@@ -82,7 +83,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
                            window_size=window_size, alignment=alignment, softcap=softcap)
     if isinstance(fw, _Torch):
         _autograd = _autograd_module()
-        if not quantized and _autograd.wanted(q, k, v, sink_logits):
+        if not quantized and _autograd.wanted(q, k, v, sink_logits, compiling=compiling):
             output, lse = _autograd.varlen(q, k, v, cu_q, cu_k, slopes, sink_logits, options)
             return (output, lse) if return_lse else output
     # No gradient is wanted past this point: the tensors go as DLPack views (fw.export).
@@ -148,16 +149,17 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     fw = _framework(query)
     options = make_options(fw, causal=causal, scale=scale, window_size=window_size, alignment=alignment,
                            softcap=softcap)
-    q = fw.prepare("query", query)
-    kp = fw.prepare("key_pages", key_pages)
-    vp = fw.prepare("value_pages", value_pages)
+    compiling = fw.compiling()
+    q = fw.prepare("query", query, compiling=compiling)
+    kp = fw.prepare("key_pages", key_pages, compiling=compiling)
+    vp = fw.prepare("value_pages", value_pages, compiling=compiling)
     _rank("query", q, 4, "(batch, Hq, L, E)")
     pages_layout = "(pages, Hkv, page_size, {})" if layout == "HND" else "(pages, page_size, Hkv, {})"
     _rank("key_pages", kp, 4, pages_layout.format("E"))
     _rank("value_pages", vp, 4, pages_layout.format("Ev"))
     _like("value_pages", vp, "key_pages", kp)
-    table = _integers(fw, "block_table", block_table)
-    lengths = _integers(fw, "seq_lens", seq_lens)
+    table = _integers(fw, "block_table", block_table, compiling=compiling)
+    lengths = _integers(fw, "seq_lens", seq_lens, compiling=compiling)
     slopes, sink_logits = _slopes(fw, alibi_slopes), _sinks(fw, sinks)
     nhd = layout == "NHD"
     key_scale, value_scale = _scales(fw, key_scale, value_scale)
@@ -173,7 +175,7 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
             raise NotImplementedError("paged_attention: forward only (no backward); call it under torch.no_grad() "
                                       "or torch.inference_mode(), or use sdpa.attention / sdpa.varlen_attention "
                                       "for training")
-        if torch.compiler.is_compiling():
+        if compiling:
             output, lse = _autograd_module().paged(q, kp, vp, table, lengths, slopes, sink_logits, options, nhd=nhd)
             return (output, lse) if return_lse else output
     # No gradient is wanted past the checks above: the tensors go as DLPack views (fw.export).

@@ -35,7 +35,7 @@ def short_path_refused(monkeypatch):
 
 
 def common_calls():
-    """(name, call) pairs the short path must take: masks of both kinds, causal, scales,
+    """The calls the short path must take, by name: masks of both kinds, causal, scales,
     GQA, the (B, L, H, E) projection layout, out=."""
     B, Hq, Hkv, L, S, E = 2, 4, 2, 5, 7, 8
     q, k, v = packed(B, Hq, L, E, seed=1), packed(B, Hkv, S, E, seed=2), packed(B, Hkv, S, E, seed=3)
@@ -44,23 +44,23 @@ def common_calls():
     bool_mask = packed(L, S, seed=7) > 0
     float_mask = packed(B, 1, L, S, seed=8, dtype=torch.float64)
     F = sdpa.scaled_dot_product_attention
-    return [
-        ("plain", lambda: F(q, k4, v4)),
-        ("bool mask", lambda: F(q, k4, v4, attn_mask=bool_mask)),
-        ("float64 mask", lambda: F(q, k4, v4, float_mask)),
-        ("causal", lambda: F(q, k4, v4, is_causal=True)),
-        ("scale 0.3", lambda: F(q, k4, v4, scale=0.3)),
-        ("scale -2", lambda: F(q, k4, v4, scale=-2.0, is_causal=True)),  # after 0.3: keyed by both
-        ("gqa", lambda: F(q, k, v, enable_gqa=True)),
-        ("projection layout", lambda: F(projected, k, v, enable_gqa=True)),
-        ("attention bottom_right", lambda: sdpa.attention(q, k, v, causal="bottom_right", scale=0.5)),
-        ("attention out=", lambda: sdpa.attention(q, k, v, bool_mask, out=torch.empty(B, L, Hq, E).transpose(1, 2))),
-    ]
+    return {
+        "plain": lambda: F(q, k4, v4),
+        "bool mask": lambda: F(q, k4, v4, attn_mask=bool_mask),
+        "float64 mask": lambda: F(q, k4, v4, float_mask),
+        "causal": lambda: F(q, k4, v4, is_causal=True),
+        "scale 0.3": lambda: F(q, k4, v4, scale=0.3),
+        "scale -2": lambda: F(q, k4, v4, scale=-2.0, is_causal=True),  # after 0.3: keyed by both
+        "gqa": lambda: F(q, k, v, enable_gqa=True),
+        "projection layout": lambda: F(projected, k, v, enable_gqa=True),
+        "attention bottom_right": lambda: sdpa.attention(q, k, v, causal="bottom_right", scale=0.5),
+        "attention out=": lambda: sdpa.attention(q, k, v, bool_mask, out=torch.empty(B, L, Hq, E).transpose(1, 2)),
+    }
 
 
-@pytest.mark.parametrize("case", range(10), ids=[name for name, _ in common_calls()])
-def test_the_common_call_takes_the_short_path_and_gives_the_general_paths_bits(case, monkeypatch):
-    name, call = common_calls()[case]
+@pytest.mark.parametrize("name", list(common_calls()))
+def test_the_common_call_takes_the_short_path_and_gives_the_general_paths_bits(name, monkeypatch):
+    call = common_calls()[name]
     with monkeypatch.context() as m:
         m.setattr(_attention, "_prepare_qkv", refuse)
         short = call()
@@ -94,6 +94,7 @@ def test_calls_the_short_path_cannot_answer_go_the_general_way(general_path_refu
         lambda: F(q.clone().requires_grad_(), k, v),
         lambda: F(q, k, v, attn_mask=packed(5, 6, seed=25).requires_grad_()),
         lambda: F(q, kv2, kv2),  # Hq != Hkv without enable_gqa: torch's ValueError
+        lambda: F(q, kv2, kv2, enable_gqa=None),  # (None is no GQA, as False)
         lambda: F(q, k[:1], v[:1]),  # a batch of 1 broadcast
         lambda: F(q[0], k[0], v[0]),  # rank 3
         lambda: F(q, k, v, dropout_p=0.5),
@@ -115,8 +116,9 @@ def test_what_the_general_path_gives_for_those_calls(short_path_refused):
     reference = oracle.torch_sdpa(q.double(), k.double(), v.double())
     oracle.check_close("output", torch.float32, sdpa.scaled_dot_product_attention(torch._neg_view(-q), k, v),
                        reference)
-    with pytest.raises(ValueError, match="key: expected 4 heads like the query, got 2"):
-        sdpa.scaled_dot_product_attention(q, kv2, kv2)
+    for enable_gqa in (False, None):
+        with pytest.raises(ValueError, match="key: expected 4 heads like the query, got 2"):
+            sdpa.scaled_dot_product_attention(q, kv2, kv2, enable_gqa=enable_gqa)
     broadcast = oracle.torch_sdpa(q.double(), k[:1].double(), v[:1].double())
     oracle.check_close("output", torch.float32, sdpa.scaled_dot_product_attention(q, k[:1], v[:1]), broadcast)
     leaf = q.clone().requires_grad_()
@@ -124,7 +126,12 @@ def test_what_the_general_path_gives_for_those_calls(short_path_refused):
     assert leaf.grad is not None and leaf.grad.abs().sum() > 0
 
 
+OUT = torch.full((1, 2, 4, 8), 7.0)  # an out= buffer the refused calls must leave alone
+
+
 @pytest.mark.parametrize("call,exception,message", [
+    (lambda q: sdpa.scaled_dot_product_attention(q, q, q, scale=True), TypeError,
+     "^scale: expected a float or None, got bool"),  # (after a scale of 1.0: the same key but for its type)
     (lambda q: sdpa.scaled_dot_product_attention(q.to(torch.int32), q, q), TypeError, "query: expected float16"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q[..., :3], q), ValueError, "^key: "),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, 3)), ValueError, "^attn_mask: "),
@@ -134,12 +141,24 @@ def test_what_the_general_path_gives_for_those_calls(short_path_refused):
     (lambda q: sdpa.scaled_dot_product_attention(q, q.to("meta"), q), ValueError, "^key: expected a CPU tensor"),
     (lambda q: sdpa.attention(q, q, q, causal="left"), ValueError, "causal"),
     (lambda q: sdpa.attention(q, q, q, out=q), ValueError, "^out: "),
+    (lambda q: sdpa.attention(q, q, q, torch.ones(3, 3, 3), out=OUT), ValueError, "^mask: "),
+    (lambda q: sdpa.attention(q, q, q, out=OUT[..., :5]), ValueError, "^out: "),
 ])
-def test_a_refused_common_call_gets_the_general_paths_error(call, exception, message):
-    """The library refuses it in the short path; the general path runs and names the argument.
-    An out= that overlaps an input is left unwritten."""
+def test_a_refused_common_call_gets_the_general_paths_error(call, exception, message, monkeypatch):
+    """The short path tries each (and gives up: None); the general path then runs and names
+    the argument. Nothing is written: not the inputs, not an out= buffer."""
     q = packed(1, 2, 4, 8, seed=30)
-    before = q.clone()
+    sdpa.scaled_dot_product_attention(q, q, q, scale=1.0)  # (the options kept for 1.0)
+    before, out_before = q.clone(), OUT.clone()
+    tried = []
+    short_path = _attention._common_call
+
+    def spy(*args, **kwargs):
+        tried.append(short_path(*args, **kwargs))
+        return tried[-1]
+    monkeypatch.setattr(_attention, "_common_call", spy)
     with pytest.raises(exception, match=message):
         call(q)
-    assert torch.equal(q, before)
+    assert tried == [None]
+    assert torch.equal(q, before) and torch.equal(OUT, out_before)
+

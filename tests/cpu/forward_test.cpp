@@ -106,13 +106,14 @@ TEST(CpuForward, InterleavedStridedInputs) {
   }
 }
 
-// The lse is written a run of consecutive rows at a time (StoreOutputs): into a strided
-// buffer — (B, L, Hq) memory viewed as (B, Hq, L), and L reversed by a negative stride —
-// it must land on the same values as a packed one (which the oracle tests check), a GQA
-// subtile's runs broken at each head (L = 33), and leave the elements between alone. A
-// float32 lse 2 bytes off float alignment (a NumPy view can be) takes the per-element
-// store: the same values (x86 would also give them through float stores; the sanitizer
-// build's alignment check is what sees such stores).
+// The lse is written a run of consecutive rows at a time (StoreLse,
+// simd/store_outputs-inl.h): into a strided buffer — (B, L, Hq) memory viewed as (B, Hq,
+// L), and L reversed by a negative stride — it must land on the same values as a packed
+// one (which the oracle tests check), a GQA subtile's runs broken at each head (L = 33),
+// and leave the elements between alone. A float32 lse 2 bytes off float alignment (a
+// NumPy view can be) takes the per-element store: the same values (x86 would also give
+// them through float stores; the sanitizer build's alignment check is what sees such
+// stores).
 TEST(CpuForward, StridedLseMatchesPacked) {
   std::mt19937_64 rng(7);
   const std::int64_t B = 2, Hq = 4, Hkv = 2, L = 33, S = 40, E = 24;

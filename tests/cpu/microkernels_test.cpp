@@ -343,38 +343,40 @@ HWY_NOINLINE void TestRowLoadStore() {
 
 // RowRun gives each row of a run the address the operand's own element access gives it:
 // plain rows, and paged rows whose pages lie in scrambled order, for runs that start
-// inside a page, end inside one, span several, or lie within one; pages of one row too.
+// inside a page, end inside one, span several, or lie within one; pages of one row too;
+// rows stepping forward and backward (a reversed NumPy view).
 HWY_NOINLINE void TestRowRun() {
-  for (std::int64_t page_rows : {1, 3, 16}) {
-    for (const bool paged : {false, true}) {
-      const std::int64_t rows = 50, heads = 2, width = 5;
-      Operand op;
-      op.dtype = DType::float32;
-      op.element_size = 4;
-      op.col_stride = 1;
-      op.row_stride = width + 2;
-      std::vector<std::byte> bytes(1 << 16);
-      op.data = bytes.data();
-      if (paged) {
-        // (pages, heads, page_rows, width + 2), the pages listed in reverse order.
-        const std::int64_t pages = (rows + page_rows - 1) / page_rows, page_size = heads * page_rows * op.row_stride;
-        op.page_rows = page_rows;
-        for (std::int64_t k = 0; k < pages; ++k) op.page_offset.push_back((pages - 1 - k) * page_size);
-        op.head_offset = {0, page_rows * op.row_stride};
-      } else {
-        op.head_offset = {0, rows * op.row_stride};
-      }
-      for (std::int64_t matrix = 0; matrix < heads; ++matrix)
-        for (const auto& [j0, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-                 {0, rows}, {1, 1}, {2, 17}, {page_rows - 1, 2}, {page_rows, page_rows}, {rows - 5, 5}, {7, 0}}) {
-          std::vector<const std::byte*> run(static_cast<std::size_t>(count));
-          RowRun(op, matrix, j0, count, run.data());
-          for (std::int64_t c = 0; c < count; ++c)
-            EXPECT_EQ(run[c], op.address(matrix, j0 + c, 0))
-                << "page_rows " << page_rows << " paged " << paged << " matrix " << matrix << " row " << j0 + c;
+  for (std::int64_t page_rows : {1, 3, 16})
+    for (const bool paged : {false, true})
+      for (const std::int64_t direction : {1, -1}) {
+        const std::int64_t rows = 50, heads = 2, width = 5;
+        Operand op;
+        op.dtype = DType::float32;
+        op.element_size = 4;
+        op.col_stride = 1;
+        op.row_stride = direction * (width + 2);
+        std::vector<std::byte> bytes(1 << 16);
+        op.data = bytes.data() + (direction > 0 ? 0 : bytes.size() / 2);  // (addresses compared, never read)
+        if (paged) {
+          // (pages, heads, page_rows, width + 2), the pages listed in reverse order.
+          const std::int64_t pages = (rows + page_rows - 1) / page_rows, page_size = heads * page_rows * op.row_stride;
+          op.page_rows = page_rows;
+          for (std::int64_t k = 0; k < pages; ++k) op.page_offset.push_back((pages - 1 - k) * page_size);
+          op.head_offset = {0, page_rows * op.row_stride};
+        } else {
+          op.head_offset = {0, rows * op.row_stride};
         }
-    }
-  }
+        for (std::int64_t matrix = 0; matrix < heads; ++matrix)
+          for (const auto& [j0, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                   {0, rows}, {1, 1}, {2, 17}, {page_rows - 1, 2}, {page_rows, page_rows}, {rows - 5, 5}, {7, 0}}) {
+            std::vector<const std::byte*> run(static_cast<std::size_t>(count));
+            RowRun(op, matrix, j0, count, run.data());
+            for (std::int64_t c = 0; c < count; ++c)
+              EXPECT_EQ(run[c], op.address(matrix, j0 + c, 0))
+                  << "page_rows " << page_rows << " paged " << paged << " step " << op.row_stride << " matrix "
+                  << matrix << " row " << j0 + c;
+          }
+      }
 }
 
 // Merging the states of key splits gives m = max m_s, l = Σ 2^(m_s − m) l_s,

@@ -315,6 +315,7 @@ class Task {
   // task's keys, which end at `end`) its last.
   void PointRows(const Operand& op, std::int64_t j0, std::int64_t cols, std::int64_t end,
                  std::vector<const std::byte*>& rows) const {
+    HWY_DASSERT(j0 < end);  // (rows[there - 1] below)
     const std::int64_t wanted = cols + RowsAheadOf(dtype_size(op.dtype));
     const std::int64_t there = std::min(wanted, end - j0);
     RowRun(op, kvm_, j0, there, rows.data());
@@ -578,7 +579,6 @@ class Task {
   // O = Oᵀᵀ / l and lse = m·ln2 + ln l for the subtile's rows, then the weights if asked.
   void Finish(Subtile& t) {
     if (p_.has_sinks()) FoldSink(t);
-    // (simd/store_outputs-inl.h)
     constexpr std::size_t kLanes = kVectors * hn::MaxLanes(DF());
     StoreOutputRows<kLanes>(p_.output, t.rows, t.ot.get(), s_.rows, static_cast<std::size_t>(p_.Ev), t.l.get(),
                             s_.row_major.get());

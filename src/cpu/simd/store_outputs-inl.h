@@ -1,7 +1,7 @@
 // The end of a subtile of the forward (simd/forward_task-inl.h): its running state — Oᵀ
 // (a dim a row, a query row a lane), the reference max m (log2 units) and the sum l —
 // made into the call's outputs, O = Oᵀᵀ · (1/l) and lse = m·ln2 + ln l, written to the
-// output and lse operands row by row.
+// output and lse operands a run of consecutive rows at a time where they are float32.
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_STORE_OUTPUTS_INL_H_) == defined(HWY_TARGET_TOGGLE)
