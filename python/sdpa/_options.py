@@ -4,8 +4,8 @@
     sdpa::Options, bound once in python/src/options.cpp), in the binding's order and with
     its defaults. The public functions build one per call (`make_options`, below; the
     common call's short path takes its binding object from `causal_and_scale`, kept by
-    causal and scale); torch.compile traces it (it cannot construct the binding's objects, so those are made
-    only where the C++ library is called: `to_core`).
+    causal and scale); torch.compile traces it (it cannot construct the binding's
+    objects, so those are made only where the C++ library is called: `to_core`).
   * the flat scalars of the torch.library custom ops' schemas (`flatten`, `unflatten`,
     `SCHEMA`), which hold tensors and scalars only;
   * `to_core(options)`: the sdpa._core.Options every function of sdpa._core takes.
