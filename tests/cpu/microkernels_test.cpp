@@ -341,11 +341,11 @@ HWY_NOINLINE void TestRowLoadStore() {
   }
 }
 
-// RowRun gives each row of a run the address the operand's own element access gives it:
+// RowWalker gives each row of a run the address the operand's own element access gives it:
 // plain rows, and paged rows whose pages lie in scrambled order, for runs that start
 // inside a page, end inside one, span several, or lie within one; pages of one row too;
 // rows stepping forward and backward (a reversed NumPy view).
-HWY_NOINLINE void TestRowRun() {
+HWY_NOINLINE void TestRowWalker() {
   for (std::int64_t page_rows : {1, 3, 16})
     for (const bool paged : {false, true})
       for (const std::int64_t direction : {1, -1}) {
@@ -369,10 +369,9 @@ HWY_NOINLINE void TestRowRun() {
         for (std::int64_t matrix = 0; matrix < heads; ++matrix)
           for (const auto& [j0, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                    {0, rows}, {1, 1}, {2, 17}, {page_rows - 1, 2}, {page_rows, page_rows}, {rows - 5, 5}, {7, 0}}) {
-            std::vector<const std::byte*> run(static_cast<std::size_t>(count));
-            RowRun(op, matrix, j0, count, run.data());
+            RowWalker walk(op, matrix, j0);
             for (std::int64_t c = 0; c < count; ++c)
-              EXPECT_EQ(run[c], op.address(matrix, j0 + c, 0))
+              EXPECT_EQ(walk.next(), op.address(matrix, j0 + c, 0))
                   << "page_rows " << page_rows << " paged " << paged << " step " << op.row_stride << " matrix "
                   << matrix << " row " << j0 + c;
           }
@@ -445,7 +444,7 @@ HWY_EXPORT_AND_TEST_P(Microkernels, TestTranspose);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestAccumulate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRankUpdate);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestRowLoadStore);
-HWY_EXPORT_AND_TEST_P(Microkernels, TestRowRun);
+HWY_EXPORT_AND_TEST_P(Microkernels, TestRowWalker);
 HWY_EXPORT_AND_TEST_P(Microkernels, TestMergeSplitStates);
 
 }  // namespace sdpa::detail

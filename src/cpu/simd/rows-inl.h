@@ -11,8 +11,10 @@
 #endif
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/half.h"
@@ -26,39 +28,46 @@ namespace sdpa::detail {
 namespace HWY_NAMESPACE {
 namespace simd {
 
-// op's rows of matrix `matrix` as addresses: row(j), with the page lookup only where op
-// is paged (a decode tile asks for a hundred rows).
-inline auto RowAddresses(const Operand& op, std::int64_t matrix) {
-  const bool paged = op.paged();
-  const std::byte* first = paged ? nullptr : op.address(matrix, 0, 0);
-  const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
-  return [&op, matrix, paged, first, step](std::int64_t j) {
-    return paged ? static_cast<const std::byte*>(op.address(matrix, j, 0)) : first + j * step;
-  };
-}
+// op's rows of matrix `matrix` in order from row j0: each next() gives a row's address
+// and moves on to the row after it. A paged op's rows are walked page by page, with one
+// division for the first row: Operand::address finds a row's page with a 64-bit division
+// and a remainder, tens of cycles each on Intel cores, and a decode tile asks for two
+// hundred rows (K's and V's, with those its kernels request ahead).
+class RowWalker {
+ public:
+  RowWalker(const Operand& op, std::int64_t matrix, std::int64_t j0)
+      : page_offset_(op.page_offset.data()),
+        element_size_(static_cast<std::int64_t>(op.element_size)),
+        step_(op.row_stride * element_size_) {
+    if (!op.paged()) {
+      row_ = op.address(matrix, j0, 0);
+      return;
+    }
+    page_rows_ = op.page_rows;
+    head_ = op.data + op.head_offset[static_cast<std::size_t>(matrix)] * element_size_;
+    page_ = j0 / page_rows_;
+    in_page_ = j0 % page_rows_;
+    row_ = head_ + page_offset_[page_] * element_size_ + in_page_ * step_;
+  }
 
-// The addresses of op's rows [j0, j0 + count) of matrix `matrix` into rows[0, count): a
-// paged op's rows walked page by page, one division for the first row where
-// RowAddresses' row(j) makes one a row (a decode tile asks for two hundred rows, K's
-// and V's, and a 64-bit division costs tens of cycles on Intel cores).
-inline void RowRun(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t count,
-                   const std::byte** rows) {
-  const std::int64_t step = op.row_stride * static_cast<std::int64_t>(op.element_size);
-  if (!op.paged()) {
-    const std::byte* first = op.address(matrix, j0, 0);
-    for (std::int64_t c = 0; c < count; ++c) rows[c] = first + c * step;
-    return;
+  const std::byte* next() {
+    if (in_page_ == page_rows_) {  // (never when not paged)
+      in_page_ = 0;
+      row_ = head_ + page_offset_[++page_] * element_size_;
+    }
+    ++in_page_;
+    const std::byte* row = row_;
+    row_ += step_;
+    return row;
   }
-  const auto element_size = static_cast<std::int64_t>(op.element_size);
-  const std::byte* head = op.data + op.head_offset[static_cast<std::size_t>(matrix)] * element_size;
-  std::int64_t page = j0 / op.page_rows, in_page = j0 % op.page_rows;
-  for (std::int64_t c = 0; c < count;) {
-    const std::byte* row = head + op.page_offset[static_cast<std::size_t>(page)] * element_size + in_page * step;
-    for (; in_page < op.page_rows && c < count; ++in_page, ++c, row += step) rows[c] = row;
-    ++page;
-    in_page = 0;
-  }
-}
+
+ private:
+  const std::int64_t* page_offset_;
+  std::int64_t element_size_, step_;
+  std::int64_t page_rows_ = std::numeric_limits<std::int64_t>::max(), page_ = 0, in_page_ = 0;
+  const std::byte* head_ = nullptr;
+  const std::byte* row_ = nullptr;
+};
 
 // Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
 // L2 in one burst, for rows of unit column stride (others are left to the hardware). A
@@ -73,11 +82,12 @@ inline void RowRun(const Operand& op, std::int64_t matrix, std::int64_t j0, std:
 inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                          std::int64_t width) {
   if (op.col_stride != 1) return;
-  const auto row = RowAddresses(op, matrix);
+  RowWalker rows(op, matrix, j0);
   const std::int64_t bytes = width * static_cast<std::int64_t>(op.element_size);
-  for (std::int64_t c = 0; c < cols; ++c)
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const std::byte* row = rows.next();
     for (std::int64_t b = 0; b < bytes; b += 64) {
-      const std::byte* line = row(j0 + c) + b;
+      const std::byte* line = row + b;
 #if HWY_ARCH_X86
       // (asm volatile, not _mm_prefetch: GCC 12 deleted this loop of prefetch builtins
       // as a loop without effects — the binary had no prefetch in it. The decode
@@ -87,6 +97,7 @@ inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0
       hwy::Prefetch(line);
 #endif
     }
+  }
 }
 
 // `bytes` bytes from `from` to `to`, whole vectors inline and the last partial one by
@@ -244,12 +255,12 @@ inline void StoreRow(const Operand& op, std::int64_t matrix, std::int64_t row, s
 inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols, float* out) {
   // float32 (validated), at any address: the bytes, with no dtype switch or page lookup
   // per scale where not paged (the two cost an int8 decode ~8 % of its time).
-  const auto row = RowAddresses(scale, matrix);
   if (!scale.paged() && scale.row_stride == 1) {  // a cache's (B, Hkv, S) scales: one run
-    std::memcpy(out, row(j0), static_cast<std::size_t>(cols) * sizeof(float));
+    std::memcpy(out, scale.address(matrix, j0, 0), static_cast<std::size_t>(cols) * sizeof(float));
     return;
   }
-  for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, row(j0 + c), sizeof(float));
+  RowWalker rows(scale, matrix, j0);
+  for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, rows.next(), sizeof(float));
 }
 
 // Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
