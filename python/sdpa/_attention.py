@@ -12,7 +12,7 @@ from ._arguments import _autograd_module, _inference_only, _prepare_qkv, _scales
 from ._frameworks import _framework, _Torch, output_like
 from ._options import causal_and_scale, make_options, to_core
 
-# The window_size default, by identity: a call that leaves it is a common call (_common_call).
+# The window_size default, by identity: a call that leaves it may be a common call (_no_extras).
 _NO_WINDOW = (-1, -1)
 
 
@@ -27,6 +27,15 @@ def _batch_differs(q_shape, k_shape, v_shape, nb: int) -> bool:
         if not q_shape[d] == k_shape[d] == v_shape[d]:
             return True
     return False
+
+
+def _no_extras(dropout_p, seed, window_size, alignment, alibi_slopes, softcap, sinks, key_scale, value_scale):
+    """Whether a call leaves every keyword of the dense calls at its default but causal,
+    scale, out and enable_gqa: a common call's (_common_call). A number is compared only
+    once its type is known (an array's == would be an array)."""
+    return (type(dropout_p) is float and dropout_p == 0.0 and seed is None and window_size is _NO_WINDOW
+            and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
+            and sinks is None and key_scale is None and value_scale is None)
 
 
 def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop_in_gqa=None):
@@ -205,9 +214,8 @@ def attention(query, key, value, mask=None, *, causal=None, scale=None, dropout_
         NotImplementedError: return_weights or out with inputs that require grad; int8
             key / value with inputs (scales included) that require grad.
     """
-    if (type(dropout_p) is float and dropout_p == 0.0 and seed is None and not return_weights and not return_lse
-            and window_size is _NO_WINDOW and alignment is None and alibi_slopes is None and type(softcap) is float
-            and softcap == 0.0 and sinks is None and key_scale is None and value_scale is None):
+    if not return_weights and not return_lse and _no_extras(dropout_p, seed, window_size, alignment, alibi_slopes,
+                                                             softcap, sinks, key_scale, value_scale):
         output = _common_call(query, key, value, mask, "mask", causal, scale, out)
         if output is not None:
             return output
@@ -271,9 +279,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             not broadcast, dropout_p outside [0, 1), a non-finite scale, a bad window_size,
             softcap, alibi_slopes, sinks or alignment.
     """
-    if (type(dropout_p) is float and dropout_p == 0.0 and seed is None and window_size is _NO_WINDOW
-            and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
-            and sinks is None and key_scale is None and value_scale is None):
+    if _no_extras(dropout_p, seed, window_size, alignment, alibi_slopes, softcap, sinks, key_scale, value_scale):
         output = _common_call(query, key, value, attn_mask, "attn_mask", "top_left" if is_causal else None, scale,
                               None, drop_in_gqa=bool(enable_gqa))
         if output is not None:
