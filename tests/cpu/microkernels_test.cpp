@@ -374,6 +374,19 @@ HWY_NOINLINE void TestRowWalker() {
               EXPECT_EQ(walk.next(), op.address(matrix, j0 + c, 0))
                   << "page_rows " << page_rows << " paged " << paged << " step " << op.row_stride << " matrix "
                   << matrix << " row " << j0 + c;
+            // fill, in pieces of 1, 2, 4, … rows (a piece ending mid-page, the next
+            // starting there), then next() for one more row where there is one.
+            RowWalker pieces(op, matrix, j0);
+            std::vector<const std::byte*> out(static_cast<std::size_t>(count));
+            for (std::int64_t c = 0, piece = 1; c < count; c += piece, piece *= 2)
+              pieces.fill(out.data() + c, std::min(piece, count - c));
+            for (std::int64_t c = 0; c < count; ++c)
+              EXPECT_EQ(out[static_cast<std::size_t>(c)], op.address(matrix, j0 + c, 0))
+                  << "fill: page_rows " << page_rows << " paged " << paged << " step " << op.row_stride << " matrix "
+                  << matrix << " row " << j0 + c;
+            if (j0 + count < rows) {
+              EXPECT_EQ(pieces.next(), op.address(matrix, j0 + count, 0));
+            }
           }
       }
 }

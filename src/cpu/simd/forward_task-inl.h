@@ -318,8 +318,7 @@ class Task {
     HWY_DASSERT(j0 < end);  // (rows[there - 1] below)
     const std::int64_t wanted = cols + RowsAheadOf(dtype_size(op.dtype));
     const std::int64_t there = std::min(wanted, end - j0);
-    RowWalker walk(op, kvm_, j0);
-    for (std::int64_t c = 0; c < there; ++c) rows[c] = walk.next();
+    RowWalker(op, kvm_, j0).fill(rows.data(), there);
     for (std::int64_t c = there; c < wanted; ++c) rows[c] = rows[there - 1];
   }
 

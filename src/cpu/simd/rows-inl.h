@@ -51,17 +51,35 @@ class RowWalker {
   }
 
   const std::byte* next() {
-    if (in_page_ == page_rows_) {  // (never when not paged)
-      in_page_ = 0;
-      row_ = head_ + page_offset_[++page_] * element_size_;
-    }
+    if (in_page_ == page_rows_) next_page();  // (never when not paged)
     ++in_page_;
     const std::byte* row = row_;
     row_ += step_;
     return row;
   }
 
+  // out[i] = the next `count` rows' addresses: a page's run at a time, each a plain
+  // strided loop (the compiler's vectors: 8 addresses a store). next() row by row, with
+  // its page test, was ~11 % of an int8 decode's time in cache (Zen 5), a decode tile
+  // listing ~200 K and V rows.
+  void fill(const std::byte** out, std::int64_t count) {
+    while (count > 0) {
+      if (in_page_ == page_rows_) next_page();
+      const std::int64_t run = std::min(count, page_rows_ - in_page_);
+      for (std::int64_t i = 0; i < run; ++i) out[i] = row_ + i * step_;
+      row_ += run * step_;
+      in_page_ += run;
+      out += run;
+      count -= run;
+    }
+  }
+
  private:
+  void next_page() {
+    in_page_ = 0;
+    row_ = head_ + page_offset_[++page_] * element_size_;
+  }
+
   const std::int64_t* page_offset_;
   std::int64_t element_size_, step_;
   std::int64_t page_rows_ = std::numeric_limits<std::int64_t>::max(), page_ = 0, in_page_ = 0;
