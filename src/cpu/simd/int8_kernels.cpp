@@ -39,14 +39,18 @@ template <int R>
 SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std::int64_t cols, std::int32_t* pairs,
                                    float* sigma) {
   constexpr __mmask8 kRows = static_cast<__mmask8>((1u << R) - 1);
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 largest = _mm256_setzero_ps();
-  __mmask8 bad = 0;
-  for (std::int64_t c = 0; c < cols; ++c) {
-    const __m256 w = _mm256_and_ps(_mm256_maskz_loadu_ps(kRows, wt + c * wt_stride), magnitude);
-    bad |= _mm256_cmp_ps_mask(w, _mm256_set1_ps(3.4028235e38f), _CMP_NLE_UQ);  // inf or NaN
-    largest = _mm256_max_ps(largest, w);
-  }
+  // The largest |w| of each row as its bits: with the sign cleared, float order is the
+  // bits' integer order, and inf and every NaN lie above the largest finite float — so
+  // one integer max a key finds both (in place of a compare into a mask register and an
+  // or through a general register a key).
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  __m256i largest_bits = _mm256_setzero_si256();
+  for (std::int64_t c = 0; c < cols; ++c)
+    largest_bits = _mm256_max_epi32(
+        largest_bits,
+        _mm256_and_si256(_mm256_castps_si256(_mm256_maskz_loadu_ps(kRows, wt + c * wt_stride)), magnitude));
+  __mmask8 bad = _mm256_cmpgt_epi32_mask(largest_bits, _mm256_castps_si256(_mm256_set1_ps(3.4028235e38f)));
+  const __m256 largest = _mm256_castsi256_ps(largest_bits);
   const __mmask8 nonzero = _mm256_cmp_ps_mask(largest, _mm256_setzero_ps(), _CMP_GT_OQ);
   bad |= nonzero & _mm256_cmp_ps_mask(largest, _mm256_set1_ps(kSmallestLargest), _CMP_LT_OQ);
   if (bad) return false;
@@ -166,9 +170,9 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
   return true;
 }
 
-// acc + vpdpwssd(a, the 32 int16 at b), b read by the instruction itself (as dpwssd: the
-// scores' q̂ vectors, R · E / 32 of them, would not fit the registers beside 16
-// accumulators).
+// acc + vpdpwssd(a, the 32 int16 at b), b read by the instruction itself (as dpwssd: for
+// the scores where the q̂ vectors, R · E / 32 of them, do not fit the registers beside
+// the accumulators: row_scores_steps).
 SDPA_INT8_TARGET inline __m512i dpwssd_from(__m512i acc, __m512i a, const std::int16_t* b) {
   // (__m512i_u: b need not be 64-byte aligned.)
   asm("vpdpwssd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const __m512i_u*>(b)));
@@ -204,12 +208,13 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void store_scores(__m512i
 }
 
 // One step of row_score_keys: K dims [e, e + 32), those past the mask read as 0 (q̂ is 0
-// there too: pack_query pads its rows).
-template <int R, int Keys, bool Full>
-SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std::int16_t* q_hat, std::int64_t q_stride,
-                                                                       std::int64_t e, __mmask32 mask,
+// there too: pack_query pads its rows). product(acc, kv, r, e): acc plus row r's q̂
+// dims [e, e + 32) times the key's kv (vpdpwssd).
+template <int R, int Keys, bool Full, class Product>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(std::int64_t e, __mmask32 mask,
                                                                        const std::byte* const* k_rows, std::int64_t c,
-                                                                       std::int64_t ahead, __m512i (&acc)[Keys * R]) {
+                                                                       std::int64_t ahead, __m512i (&acc)[Keys * R],
+                                                                       Product product) {
   const auto key = [&](std::int64_t i) { return reinterpret_cast<const std::int8_t*>(k_rows[c + i]) + e; };
 #pragma GCC unroll 16
   for (int k = 0; k < Keys; ++k) {
@@ -218,45 +223,77 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void score_step(const std
     const __m512i kv = _mm512_cvtepi8_epi16(bytes);                                             // exact
     if (e % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(key(k + ahead)), _MM_HINT_T1);  // a line's first
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[k * R + r] = dpwssd_from(acc[k * R + r], kv, q_hat + r * q_stride + e);
+    for (int r = 0; r < R; ++r) acc[k * R + r] = product(acc[k * R + r], kv, r, e);
   }
 }
 
 // Keys [c, c + Keys) against R query rows: Keys · R <= 16 accumulators of int32 (a key's
-// vector read once per step, the q̂ vectors from memory), summed exactly across lanes.
-// Steps: E / 32 when the caller knows it (unrolled, unmasked), else 0 (E from the
-// argument, the last step masked).
-template <int R, int Keys, int Steps>
-SDPA_INT8_TARGET inline void row_score_keys(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
-                                            std::int64_t c, std::int64_t ahead, __m512 row_factor, const float* k_scale,
-                                            float* st, std::int64_t st_stride) {
+// vector read once per step), summed exactly across lanes. Steps: E / 32 when the caller
+// knows it (unrolled, unmasked), else 0 (E from the argument, the last step masked).
+template <int R, int Keys, int Steps, class Product>
+SDPA_INT8_TARGET inline __attribute__((always_inline)) void row_score_keys(
+    std::int64_t E, const std::byte* const* k_rows, std::int64_t c, std::int64_t ahead, __m512 row_factor,
+    const float* k_scale, float* st, std::int64_t st_stride, Product product) {
   __m512i acc[Keys * R];
 #pragma GCC unroll 16
   for (int i = 0; i < Keys * R; ++i) acc[i] = _mm512_setzero_si512();
   if constexpr (Steps > 0) {
 #pragma GCC unroll 8
     for (int step = 0; step < Steps; ++step)
-      score_step<R, Keys, true>(q_hat, 32 * Steps, 32 * step, ~__mmask32{0}, k_rows, c, ahead, acc);
+      score_step<R, Keys, true>(32 * step, ~__mmask32{0}, k_rows, c, ahead, acc, product);
   } else {
-    const std::int64_t q_stride = QueryStride(E);
     for (std::int64_t e = 0; e < E; e += 32)
-      score_step<R, Keys, false>(q_hat, q_stride, e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1,
-                                 k_rows, c, ahead, acc);
+      score_step<R, Keys, false>(e, E - e >= 32 ? ~__mmask32{0} : (__mmask32{1} << (E - e)) - 1, k_rows, c, ahead, acc,
+                                 product);
   }
   store_scores<R, Keys>(lane_sums<Keys * R>(acc), row_factor, k_scale, c, st, st_stride);
 }
 
-// row_scores for R rows: blocks of 16 / R keys, then the last keys one at a time. The
-// common head sizes (64, 128) with their steps known: unrolled and unmasked.
+// row_score_keys with q̂ read from memory by each vpdpwssd: out of line (inlined into
+// the loop over the keys, GCC hoisted the 64 addresses of a 4-row block's q̂ vectors and
+// kept them on the stack: 8 rows, E = 128, 7 % slower).
+template <int R, int Keys, int Steps>
+SDPA_INT8_TARGET __attribute__((noinline)) void row_score_keys_from(const std::int16_t* q_hat, std::int64_t E,
+                                                                    const std::byte* const* k_rows, std::int64_t c,
+                                                                    std::int64_t ahead, __m512 row_factor,
+                                                                    const float* k_scale, float* st,
+                                                                    std::int64_t st_stride) {
+  const std::int64_t q_stride = Steps > 0 ? 32 * Steps : QueryStride(E);
+  row_score_keys<R, Keys, Steps>(E, k_rows, c, ahead, row_factor, k_scale, st, st_stride,
+                                 [&](__m512i acc, __m512i kv, int r, std::int64_t e)
+                                     SDPA_INT8_TARGET { return dpwssd_from(acc, kv, q_hat + r * q_stride + e); });
+}
+
+// row_scores for R rows: blocks of keys, then the last keys one at a time; the common
+// head sizes (64, 128) with their steps known: unrolled and unmasked. q̂ is held in
+// registers (R · Steps vectors) where it leaves room for a block of accumulators (32
+// registers: q̂, Keys · R sums, a key's vector and the compiler's few), so that a
+// vpdpwssd reads no memory: from memory, a block of 4 rows × 4 keys at E = 128 made 64
+// q̂ loads beside its 16 of K, and the loads, not the products, set its pace (Zen 5: two
+// 512-bit loads a cycle, two vpdpwssd) — an int8 decode in cache 8–12 % faster held.
+// Elsewhere blocks of 16 / R keys read q̂ from memory.
 template <int R, int Steps>
 SDPA_INT8_TARGET void row_scores_steps(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, __m512 row_factor, const float* k_scale,
                                        float* st, std::int64_t st_stride) {
-  constexpr int kKeys = 16 / R;
   std::int64_t c = 0;
-  for (; c + kKeys <= cols; c += kKeys)
-    row_score_keys<R, kKeys, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
-  for (; c < cols; ++c) row_score_keys<R, 1, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
+  if constexpr (Steps > 0 && R * Steps <= 16) {
+    __m512i q[R * Steps];  // q[r·Steps + step]: row r's dims [32·step, 32·step + 32)
+#pragma GCC unroll 16
+    for (int i = 0; i < R * Steps; ++i) q[i] = _mm512_loadu_si512(q_hat + 32 * i);
+    const auto held = [&](__m512i acc, __m512i kv, int r, std::int64_t e)
+                          SDPA_INT8_TARGET { return dpwssd(acc, kv, q[r * Steps + e / 32]); };
+    constexpr int kKeys = std::min(16 / R, (29 - R * Steps) / R);
+    for (; c + kKeys <= cols; c += kKeys)
+      row_score_keys<R, kKeys, Steps>(E, k_rows, c, ahead, row_factor, k_scale, st, st_stride, held);
+    for (; c < cols; ++c) row_score_keys<R, 1, Steps>(E, k_rows, c, ahead, row_factor, k_scale, st, st_stride, held);
+  } else {
+    constexpr int kKeys = 16 / R;
+    for (; c + kKeys <= cols; c += kKeys)
+      row_score_keys_from<R, kKeys, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
+    for (; c < cols; ++c)
+      row_score_keys_from<R, 1, Steps>(q_hat, E, k_rows, c, ahead, row_factor, k_scale, st, st_stride);
+  }
 }
 
 template <int R>
