@@ -20,6 +20,15 @@ Per shape, the best over --rounds of a block's time per call (--calls calls a bl
                    binding and the library alone
   _core capsules   the same with torch.utils.dlpack.to_dlpack capsules, made in the loop
 
+and, for a decode step against a paged cache (--paged B Hq Hkv S E PAGE; default 1 8 2 64
+64 16: L = 1, the pages in shuffled order):
+
+  paged            sdpa.paged_attention(q, k_pages, v_pages, block_table, seq_lens): its
+                   short path (`_common_paged`, sdpa/_sequences.py)
+  paged general    the same with the short path declined
+  _core paged      sdpa._core.forward_paged on the tensors themselves
+  dense out=       sdpa.attention(q, k, v, out=out) against the same keys held contiguously
+
 The best, not the median: the host's speed moves by 1.5x within minutes, and what is
 compared is the work each layer adds. The difference of two rows is that layer's cost.
 """
@@ -32,24 +41,25 @@ import torch
 from peers import cpu_model, per_call  # bench/peers.py, beside this script
 
 import sdpa
-from sdpa import _attention, _core
+from sdpa import _attention, _core, _sequences
 from sdpa._options import make_options, to_core
-
-_SHORT_PATH = _attention._common_call
 
 
 def _decline(*args, **kwargs):
     return None
 
 
-def general_path(call):
-    """call, with sdpa's short path for the common call declined while it runs."""
+def general_path(call, module=_attention, short_path="_common_call"):
+    """call, with sdpa's short path for the common call (module.short_path) declined while
+    it runs."""
+    taken = getattr(module, short_path)
+
     def run():
-        _attention._common_call = _decline
+        setattr(module, short_path, _decline)
         try:
             return call()
         finally:
-            _attention._common_call = _SHORT_PATH
+            setattr(module, short_path, taken)
     return run
 
 
@@ -74,33 +84,74 @@ def callers(shape):
     }
 
 
+def paged_callers(shape):
+    B, Hq, Hkv, S, E, page = shape
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, Hq, 1, E, generator=g)
+    k, v = (torch.randn(B, Hkv, S, E, generator=g) for _ in range(2))
+    blocks = -(-S // page)
+    order = torch.randperm(B * blocks, generator=g)
+    k_pages, v_pages = (torch.zeros(B * blocks, Hkv, page, E) for _ in range(2))
+    for b in range(B):
+        for j in range(blocks):
+            rows = slice(j * page, min(S, (j + 1) * page))
+            n = rows.stop - rows.start
+            k_pages[order[b * blocks + j], :, :n], v_pages[order[b * blocks + j], :, :n] = k[b, :, rows], v[b, :, rows]
+    table = order.view(B, blocks).to(torch.int32)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    out = torch.empty(B, Hq, 1, E)
+    options = to_core(make_options(None))
+    paged = lambda: sdpa.paged_attention(q, k_pages, v_pages, table, lens)  # noqa: E731
+    return {
+        "paged": paged,
+        "paged general": general_path(paged, _sequences, "_common_paged"),
+        "_core paged": lambda: _core.forward_paged(q, k_pages, v_pages, table, lens, None, None, out, None, options,
+                                                   None, None),
+        "dense out=": lambda: sdpa.attention(q, k, v, out=out),
+    }
+
+
+def best_per_call(named, rounds, calls):
+    """The best over the rounds of each call's time per call, the calls' blocks taking turns."""
+    for call in named.values():
+        per_call(call, calls // 4)  # warm-up
+    best = {name: float("inf") for name in named}
+    for _ in range(rounds):
+        for name, call in named.items():
+            best[name] = min(best[name], per_call(call, calls))
+    return best
+
+
+def print_table(heading, table):
+    names = list(next(iter(table.values())))
+    print(f"| {heading} | " + " | ".join(names) + " |")
+    print("|:--|" + "--:|" * len(names))
+    for shape, best in table.items():
+        print(f"| {shape} | " + " | ".join(f"{best[name] * 1e6:.2f}" for name in names) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "L", "E"),
                         help="(B, H, L = S, E); repeatable (default: 1 1 1 1 and 1 12 16 64)")
+    parser.add_argument("--paged", type=int, nargs=6, action="append", metavar=("B", "Hq", "Hkv", "S", "E", "PAGE"),
+                        help="a paged decode step's shape; repeatable (default: 1 8 2 64 64 16)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
     shapes = args.shape or [[1, 1, 1, 1], [1, 12, 16, 64]]
+    paged_shapes = args.paged or [[1, 8, 2, 64, 64, 16]]
 
     print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; sdpa {sdpa.__version__}; "
           f"torch tensors read in place: {_core.reads_in_place(torch.empty(0))}")
     print(f"best of {args.rounds} rounds of {args.calls} calls, per call (µs)\n")
-    table = {}
-    for shape in shapes:
-        named = callers(shape)
-        for call in named.values():
-            per_call(call, args.calls // 4)  # warm-up
-        best = {name: float("inf") for name in named}
-        for _ in range(args.rounds):
-            for name, call in named.items():
-                best[name] = min(best[name], per_call(call, args.calls))
-        table[tuple(shape)] = best
-    names = list(next(iter(table.values())))
-    print("| (B, H, L = S, E) | " + " | ".join(names) + " |")
-    print("|:--|" + "--:|" * len(names))
-    for shape, best in table.items():
-        print(f"| {shape} | " + " | ".join(f"{best[name] * 1e6:.2f}" for name in names) + " |")
+    print_table("(B, H, L = S, E)", {tuple(shape): best_per_call(callers(shape), args.rounds, args.calls)
+                                     for shape in shapes})
+    print()
+    with torch.no_grad():
+        print_table("paged (B, Hq, Hkv, S, E, page)",
+                    {tuple(shape): best_per_call(paged_callers(shape), args.rounds, args.calls)
+                     for shape in paged_shapes})
 
 
 if __name__ == "__main__":

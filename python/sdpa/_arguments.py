@@ -11,6 +11,10 @@ import numpy as np
 from ._frameworks import _Torch, _torch_module
 from ._options import _reals
 
+# The window_size default, by identity: a call that leaves it may be a common call (the
+# short paths: _attention._no_extras, _sequences.paged_attention).
+_NO_WINDOW = (-1, -1)
+
 
 def _prepare_qkv(fw, query, key, value, *, compiling):
     """query, key and value as the binding takes them (each checked under its own name).

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core, _frameworks
-from ._arguments import _autograd_module, _inference_only, _prepare_qkv, _scales, _sinks, _slopes
-from ._frameworks import _framework, _Torch, output_like
+from . import _core
+from ._arguments import _NO_WINDOW, _autograd_module, _inference_only, _prepare_qkv, _scales, _sinks, _slopes
+from ._frameworks import _Torch, _framework, output_like, torch_in_place
 from ._options import causal_and_scale, make_options, to_core
-
-# The window_size default, by identity: a call that leaves it may be a common call (_no_extras).
-_NO_WINDOW = (-1, -1)
 
 
 def _batch_dims(ndim: int) -> int:
@@ -53,12 +50,8 @@ def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop
     (torch's rule, which the library does not apply) and one batch (a batch to broadcast
     is the general path's: the library would refuse it). None for sdpa.attention, which
     applies GQA always and broadcasts nothing."""
-    fw = _frameworks._TORCH
-    if fw is None:  # (made by the first torch call)
-        fw = _framework(query)
-        if not isinstance(fw, _Torch):
-            return None
-    if not fw.in_place:
+    fw = torch_in_place(query)
+    if fw is None:
         return None
     torch = fw.torch
     tensor = torch.Tensor

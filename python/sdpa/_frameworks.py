@@ -192,3 +192,11 @@ def _framework(query):
 
 
 _TORCH = None
+
+
+def torch_in_place(query):
+    """The torch framework where a short path can take the call (sdpa/_attention.py,
+    sdpa/_sequences.py): torch there and its tensors read in place by the binding (torch's
+    DLPack C exchange API); else None."""
+    fw = _TORCH if _TORCH is not None else _framework(query)  # (made by the first torch call)
+    return fw if isinstance(fw, _Torch) and fw.in_place else None

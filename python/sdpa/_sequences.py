@@ -7,10 +7,10 @@ memory."""
 from __future__ import annotations
 
 from . import _core
-from ._arguments import (_autograd_module, _inference_only, _integers, _like, _prepare_qkv, _rank, _scales,
-                         _scales_like, _sinks, _slopes)
-from ._frameworks import _framework, _Torch
-from ._options import make_options, to_core
+from ._arguments import (_NO_WINDOW, _autograd_module, _inference_only, _integers, _like, _prepare_qkv, _rank,
+                         _scales, _scales_like, _sinks, _slopes)
+from ._frameworks import _Torch, _framework, torch_in_place
+from ._options import causal_and_scale, make_options, to_core
 
 _LAYOUTS = ("HND", "NHD")
 
@@ -99,8 +99,49 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     return (output, lse) if return_lse else output
 
 
+def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, causal, scale):
+    """A decode step's paged call, with the fewest checks: as the dense calls' short path
+    (_attention._common_call), torch.Tensor itself for every tensor and table, no gradient
+    wanted, not traced, no keyword but layout, causal and scale. The general path's Python
+    was 6 of a tiny decode call's 10 µs (Zen 5, docs/performance.md). What it leaves out,
+    the binding and the library check again (ranks, dtypes, device, page indices, lengths)
+    or sends to the general path (gradients, lazily negated views: of a table too, whose
+    memory holds the negatives). Returns the output, or None: the general path then runs
+    from the start and raises its own error (the library writes nothing before its checks
+    pass). The output is packed, as the general path's."""
+    fw = torch_in_place(query)
+    if fw is None or layout not in _LAYOUTS:
+        return None
+    torch = fw.torch
+    tensor = torch.Tensor
+    if not (type(query) is tensor and type(key_pages) is tensor and type(value_pages) is tensor
+            and type(block_table) is tensor and type(seq_lens) is tensor):
+        return None
+    if torch.compiler.is_compiling():  # (before any tensor attribute: its bool would break the traced graph)
+        return None
+    try:  # (torch's errors too: IndexError for a dim a tensor lacks)
+        if torch.is_grad_enabled() and (query.requires_grad or key_pages.requires_grad or value_pages.requires_grad):
+            return None
+        if (query.is_neg() or key_pages.is_neg() or value_pages.is_neg() or block_table.is_neg()
+                or seq_lens.is_neg()):
+            return None
+        options = causal_and_scale(causal, scale)
+        if layout == "NHD":  # (pages, page_size, Hkv, ·) read as (pages, Hkv, page_size, ·)
+            key_pages, value_pages = key_pages.transpose(1, 2), value_pages.transpose(1, 2)
+        value_dim = value_pages.shape[-1]
+        if value_dim == query.shape[-1]:
+            out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        else:
+            out = query.new_empty(tuple(query.shape[:-1]) + (value_dim,))
+        _core.forward_paged(query, key_pages, value_pages, block_table, seq_lens, None, None, out, None, options,
+                            None, None)
+    except (TypeError, ValueError, RuntimeError, IndexError):
+        return None
+    return out
+
+
 def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, layout="HND", causal=None, scale=None,
-                    window_size=(-1, -1), alignment=None, alibi_slopes=None, softcap=0.0, sinks=None,
+                    window_size=_NO_WINDOW, alignment=None, alibi_slopes=None, softcap=0.0, sinks=None,
                     return_lse=False, key_scale=None, value_scale=None):
     """Attention of each sequence's queries against its keys and values in a paged KV cache
     (vLLM's PagedAttention, FlashInfer's page table). Forward only (inference).
@@ -144,6 +185,11 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
         NotImplementedError: inputs that require grad (paged attention has no backward;
             call it under torch.no_grad() or torch.inference_mode()).
     """
+    if (window_size is _NO_WINDOW and alignment is None and alibi_slopes is None and type(softcap) is float
+            and softcap == 0.0 and sinks is None and not return_lse and key_scale is None and value_scale is None):
+        output = _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, causal, scale)
+        if output is not None:
+            return output
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
     fw = _framework(query)

@@ -1,6 +1,7 @@
-"""The common call's short path (sdpa/_attention.py, `_common_call`): a model's call —
-plain torch tensors, no gradient, no keyword but causal, scale, out and enable_gqa — skips
-the general path's checks. It must give the general path's results to the bit, in the same
+"""The common call's short paths (sdpa/_attention.py, `_common_call`; sdpa/_sequences.py,
+`_common_paged`): a model's call — plain torch tensors, no gradient, no keyword but causal,
+scale, out and enable_gqa (a paged decode step's: layout, causal and scale) — skips the
+general path's checks. It must give the general path's results to the bit, in the same
 layout, and leave to the general path every call it cannot answer the same way: lazily
 negated views, gradients, a head count torch refuses, a batch to broadcast, and every error.
 """
@@ -11,7 +12,7 @@ import torch
 import oracle
 import sdpa
 from oracle import packed
-from sdpa import _attention
+from sdpa import _attention, _sequences
 
 
 def refuse(*args, **kwargs):
@@ -162,3 +163,135 @@ def test_a_refused_common_call_gets_the_general_paths_error(call, exception, mes
     assert tried == [None]
     assert torch.equal(q, before) and torch.equal(OUT, out_before)
 
+
+
+# --- paged_attention ---------------------------------------------------------------------------
+
+def paged_case(layout="HND", Ev=8, dtype=torch.float32, table_dtype=torch.int32):
+    """A decode step against a shuffled paged cache: B = 2, GQA 4/2, page_size 4, 6 pages."""
+    q = packed(2, 4, 1, 8, seed=40, dtype=dtype)
+    shape = (6, 2, 4) if layout == "HND" else (6, 4, 2)
+    k_pages, v_pages = packed(*shape, 8, seed=41, dtype=dtype), packed(*shape, Ev, seed=42, dtype=dtype)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=table_dtype)
+    lens = torch.tensor([9, 12], dtype=table_dtype)
+    return q, k_pages, v_pages, table, lens
+
+
+def common_paged_calls():
+    """The paged calls the short path must take: both layouts, causal, a scale, Ev ≠ E,
+    bfloat16, int64 tables, L = 3 against its sequence's end, a query whose size-1 dim has
+    an odd stride (the output is packed all the same)."""
+    P = sdpa.paged_attention
+    hnd, nhd = paged_case(), paged_case("NHD")
+    q3 = packed(2, 4, 3, 8, seed=43)
+    # Contiguous, with a size-1 dim's stride that torch.empty_like would copy.
+    odd = torch.empty(2 * 4 * 8 + 999).as_strided((2, 4, 1, 8), (32, 8, 999, 1)).copy_(hnd[0])
+    return {
+        "HND": lambda: P(*hnd),
+        "NHD": lambda: P(*nhd, layout="NHD"),
+        "scale": lambda: P(*hnd, scale=0.3),
+        "Ev 5": lambda: P(*paged_case(Ev=5)),
+        "bfloat16": lambda: P(*paged_case(dtype=torch.bfloat16)),
+        "int64 tables": lambda: P(*paged_case(table_dtype=torch.int64)),
+        "L 3 bottom_right": lambda: P(q3, *hnd[1:], causal="bottom_right"),
+        "a size-1 dim's odd stride": lambda: P(odd, *hnd[1:]),
+    }
+
+
+@pytest.mark.parametrize("name", list(common_paged_calls()))
+def test_the_common_paged_call_takes_the_short_path_and_gives_the_general_paths_bits(name, monkeypatch):
+    call = common_paged_calls()[name]
+    with monkeypatch.context() as m:
+        m.setattr(_sequences, "_framework", refuse)  # the general path's first step
+        short = call()
+    with monkeypatch.context() as m:
+        m.setattr(_sequences, "_common_paged", decline)
+        general = call()
+    assert torch.equal(short, general), name
+    assert short.stride() == general.stride() and short.is_contiguous(), name
+
+
+def test_the_short_paged_call_against_the_float64_oracle():
+    """The keys gathered from the pages, attended densely in float64."""
+    q, k_pages, v_pages, table, lens = paged_case()
+    ours = sdpa.paged_attention(q, k_pages, v_pages, table, lens, causal="bottom_right", scale=0.7)
+    for b in range(2):
+        n = int(lens[b])
+        rows = [(int(table[b, j // 4]), j % 4) for j in range(n)]
+        k = torch.stack([k_pages[p, :, r] for p, r in rows], dim=1).double()  # (Hkv, n, E)
+        v = torch.stack([v_pages[p, :, r] for p, r in rows], dim=1).double()
+        reference = oracle.torch_sdpa(q[b].double(), k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), scale=0.7)
+        oracle.check_close("output", torch.float32, ours[b], reference)
+
+
+def test_paged_calls_the_short_path_cannot_answer_go_the_general_way(monkeypatch):
+    """Lazily negated views (the tables' memory holds the negatives), gradients, NumPy,
+    lists as tables, and any keyword past layout, causal and scale: with the general path
+    refused, each must fail rather than return."""
+    monkeypatch.setattr(_sequences, "_framework", refuse)
+    q, k_pages, v_pages, table, lens = paged_case()
+    P = sdpa.paged_attention
+    neg = torch._neg_view
+    calls = [
+        lambda: P(neg(q), k_pages, v_pages, table, lens),
+        lambda: P(q, neg(k_pages), v_pages, table, lens),
+        lambda: P(q, k_pages, neg(v_pages), table, lens),
+        lambda: P(q, k_pages, v_pages, neg(-table), lens),
+        lambda: P(q, k_pages, v_pages, table, neg(-lens)),
+        lambda: P(q.clone().requires_grad_(), k_pages, v_pages, table, lens),
+        lambda: P(q.numpy(), k_pages.numpy(), v_pages.numpy(), table.numpy(), lens.numpy()),
+        lambda: P(q, k_pages, v_pages, table.tolist(), lens),
+        lambda: P(q, k_pages, v_pages, table, lens, return_lse=True),
+        lambda: P(q, k_pages, v_pages, table, lens, softcap=5.0),
+        lambda: P(q, k_pages, v_pages, table, lens, window_size=(2, 0)),
+        lambda: P(q, k_pages, v_pages, table, lens, sinks=torch.zeros(4)),
+        lambda: P(torch.nn.Parameter(q, requires_grad=False), k_pages, v_pages, table, lens),
+    ]
+    for n, call in enumerate(calls):
+        with pytest.raises(AssertionError, match="the general path ran"):
+            call()
+            pytest.fail(f"call {n} took the short path")
+
+
+def test_negated_tables_read_as_their_values_on_the_general_path():
+    q, k_pages, v_pages, table, lens = paged_case()
+    want = sdpa.paged_attention(q, k_pages, v_pages, table, lens)
+    got = sdpa.paged_attention(q, k_pages, v_pages, torch._neg_view(-table), torch._neg_view(-lens))
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("change,exception,message", [
+    (lambda a: a.update(query=a["query"].to(torch.int32)), TypeError, "^query: expected float16"),
+    (lambda a: a.update(value_pages=a["value_pages"].double()), TypeError, "^value_pages: "),
+    (lambda a: a.update(value_pages=a["value_pages"][:, :, :2]), ValueError,
+     "^value_pages: expected \\(6, 2, 4, Ev\\)"),
+    (lambda a: a.update(block_table=torch.tensor([[0, 1, 7], [3, 4, 5]], dtype=torch.int32)), ValueError,
+     "^block_table: expected page indices in \\[0, 6\\)"),
+    (lambda a: a.update(seq_lens=torch.tensor([9, 13], dtype=torch.int32)), ValueError, "^seq_lens: "),
+    (lambda a: a.update(block_table=a["block_table"].float()), TypeError, "^block_table: expected int32 or int64"),
+    (lambda a: a.update(block_table=a["block_table"].to("meta")), ValueError, "^block_table: expected a CPU tensor"),
+    (lambda a: a.update(query=a["query"][0]), ValueError, "^query: expected rank 4"),
+    (lambda a: a.update(query=a["query"].to_sparse()), TypeError, "^query: expected a strided"),
+    (lambda a: {"layout": "XYZ"}, ValueError, "^layout: "),
+    (lambda a: {"layout": "NHD"}, ValueError, "^seq_lens: .* = 6\\]"),  # HND pages read as NHD: page_size 2
+    (lambda a: {"causal": True}, ValueError, "^causal: "),
+    (lambda a: {"scale": float("nan")}, ValueError, "scale"),
+])
+def test_a_refused_paged_call_gets_the_general_paths_error(change, exception, message, monkeypatch):
+    """The short path tries each and gives up (None); the general path names the argument.
+    Nothing is written: not the inputs."""
+    q, k_pages, v_pages, table, lens = paged_case()
+    args = dict(query=q, key_pages=k_pages, value_pages=v_pages, block_table=table, seq_lens=lens)
+    keywords = change(args) or {}
+    before = {name: x.clone() for name, x in args.items() if x.layout == torch.strided and x.device.type == "cpu"}
+    tried = []
+    short_path = _sequences._common_paged
+
+    def spy(*a, **k):
+        tried.append(short_path(*a, **k))
+        return tried[-1]
+    monkeypatch.setattr(_sequences, "_common_paged", spy)
+    with pytest.raises(exception, match=message):
+        sdpa.paged_attention(**args, **keywords)
+    assert tried == [None]
+    assert all(torch.equal(args[name], x) for name, x in before.items())
