@@ -21,7 +21,7 @@ Per shape, the best over --rounds of a block's time per call (--calls calls a bl
   _core capsules   the same with torch.utils.dlpack.to_dlpack capsules, made in the loop
 
 and, for a decode step against a paged cache (--paged B Hq Hkv S E PAGE; default 1 8 2 64
-64 16: L = 1, the pages in shuffled order):
+64 16: L = 1, the pages in shuffled order; under torch.no_grad(), as a model decodes):
 
   paged            sdpa.paged_attention(q, k_pages, v_pages, block_table, seq_lens): its
                    short path (`_common_paged`, sdpa/_sequences.py)

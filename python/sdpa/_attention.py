@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._arguments import _NO_WINDOW, _autograd_module, _inference_only, _prepare_qkv, _scales, _sinks, _slopes
+from ._arguments import (_NO_WINDOW, _autograd_module, _inference_only, _no_extras, _prepare_qkv, _scales,
+                         _sinks, _slopes)
 from ._frameworks import _Torch, _framework, output_like, torch_in_place
 from ._options import causal_and_scale, make_options, to_core
 
@@ -24,15 +25,6 @@ def _batch_differs(q_shape, k_shape, v_shape, nb: int) -> bool:
         if not q_shape[d] == k_shape[d] == v_shape[d]:
             return True
     return False
-
-
-def _no_extras(dropout_p, seed, window_size, alignment, alibi_slopes, softcap, sinks, key_scale, value_scale):
-    """Whether a call leaves every keyword of the dense calls at its default but causal,
-    scale, out and enable_gqa: a common call's (_common_call). A number is compared only
-    once its type is known (an array's == would be an array)."""
-    return (type(dropout_p) is float and dropout_p == 0.0 and seed is None and window_size is _NO_WINDOW
-            and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
-            and sinks is None and key_scale is None and value_scale is None)
 
 
 def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop_in_gqa=None):
@@ -77,7 +69,7 @@ def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop
             return None
         options = causal_and_scale(causal, scale)
         if out is None:
-            out = output_like(torch, query, value.shape[-1], 0.0)
+            out = output_like(torch, query, value, 0.0)
         _core.forward(query, key, value, mask, None, None, out, None, None, options, mask_name)
     except (TypeError, ValueError, RuntimeError):
         return None
@@ -99,7 +91,7 @@ def _run(fw, q, k, v, mask, slopes, sinks, options, *, weights, lse, out, mask_n
             output, lse_tensor = _autograd.attention(q, k, v, mask, slopes, sinks, options, mask_name=mask_name)
             return output, None, (lse_tensor if lse else None)
     if out is None:
-        out = fw.output_like(q, v.shape[-1], options.dropout_p)
+        out = fw.output_like(q, v, options.dropout_p)
     else:
         out = fw.prepare("out", out, output=True, compiling=compiling)
     weights_buffer = lse_buffer = None

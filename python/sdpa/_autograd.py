@@ -94,7 +94,7 @@ def _attention_forward_body(query, key, value, mask, alibi_slopes, sinks, mask_n
     """(output, lse) of one attention call; see sdpa.attention."""
     rows = tuple(query.shape[:-1])
     unflat = _options.unflatten(options)
-    out = output_like(torch, query, value.shape[-1], unflat.dropout_p)
+    out = output_like(torch, query, value, unflat.dropout_p)
     lse = torch.empty(rows, dtype=_lse_dtype(query))
     _core.forward(_input(query), _input(key), _input(value), _input(mask), _input(alibi_slopes), _input(sinks),
                   _view(out), None, _view(lse), _options.to_core(unflat), mask_name)
@@ -109,7 +109,7 @@ attention_forward = _op("attention_forward", "Tensor query, Tensor key, Tensor v
 @attention_forward.register_fake
 def _(query, key, value, mask, alibi_slopes, sinks, mask_name, *options):
     rows = tuple(query.shape[:-1])
-    return (output_like(torch, query, value.shape[-1], _options.unflatten(options).dropout_p),
+    return (output_like(torch, query, value, _options.unflatten(options).dropout_p),
             query.new_empty(rows, dtype=_lse_dtype(query)))
 
 

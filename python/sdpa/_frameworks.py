@@ -79,8 +79,8 @@ class _Torch:
     def empty(self, shape, dtype):
         return self.torch.empty(tuple(shape), dtype=dtype, device=self._cpu)
 
-    def output_like(self, query, value_dim, dropout_p):
-        return output_like(self.torch, query, value_dim, dropout_p)
+    def output_like(self, query, value, dropout_p):
+        return output_like(self.torch, query, value, dropout_p)
 
     def export(self, x):
         """x (prepared) as the binding takes it outside autograd: a plain tensor as it is,
@@ -147,8 +147,8 @@ class _NumPy:
     def empty(self, shape, dtype):
         return np.empty(tuple(shape), dtype=dtype)
 
-    def output_like(self, query, value_dim, dropout_p):
-        return np.empty(tuple(query.shape[:-1]) + (value_dim,), dtype=query.dtype)
+    def output_like(self, query, value, dropout_p):
+        return np.empty(tuple(query.shape[:-1]) + (last_dim(value),), dtype=query.dtype)
 
     def export(self, x):
         return x  # NumPy's __dlpack__ is C
@@ -170,13 +170,20 @@ class _NumPy:
         return int(np.random.randint(0, (1 << 63) - 1, dtype=np.int64))
 
 
-def output_like(torch, query, value_dim, dropout_p):
+def last_dim(value):
+    """Ev, the value's last dim: 0 for a value of rank 0, which the library then refuses
+    by name (its shape[-1] would raise IndexError first, naming nothing)."""
+    return value.shape[-1] if value.ndim else 0
+
+
+def output_like(torch, query, value, dropout_p):
     """The output buffer (..., Hq, L, Ev) of a torch call, laid out as PyTorch's CPU
     scaled_dot_product_attention lays out its own: where its fused kernel runs (rank 4, the
     last dim innermost, Ev = E, no dropout) in the query's memory order
     (torch.empty_like), so that the output of a (B, L, H, E) projection viewed as (B, H, L,
     E) has a contiguous .transpose(1, 2) — a model's .view(B, L, H * E) works as with
     torch, and nothing is copied — and elsewhere packed, as torch's math path leaves it."""
+    value_dim = last_dim(value)
     if query.dim() == 4 and query.shape[-1] == value_dim and query.stride(-1) == 1 and dropout_p == 0:
         return torch.empty_like(query)
     return query.new_empty(tuple(query.shape[:-1]) + (value_dim,))  # its dtype and device

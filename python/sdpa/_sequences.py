@@ -7,8 +7,8 @@ memory."""
 from __future__ import annotations
 
 from . import _core
-from ._arguments import (_NO_WINDOW, _autograd_module, _inference_only, _integers, _like, _prepare_qkv, _rank,
-                         _scales, _scales_like, _sinks, _slopes)
+from ._arguments import (_NO_WINDOW, _autograd_module, _inference_only, _integers, _like, _no_extras,
+                         _prepare_qkv, _rank, _scales, _scales_like, _sinks, _slopes)
 from ._frameworks import _Torch, _framework, torch_in_place
 from ._options import causal_and_scale, make_options, to_core
 
@@ -103,7 +103,7 @@ def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, 
     """A decode step's paged call, with the fewest checks: as the dense calls' short path
     (_attention._common_call), torch.Tensor itself for every tensor and table, no gradient
     wanted, not traced, no keyword but layout, causal and scale. The general path's Python
-    was 6 of a tiny decode call's 10 µs (Zen 5, docs/performance.md). What it leaves out,
+    was ~7 of a tiny decode call's 11 µs (Zen 5, docs/performance.md). What it leaves out,
     the binding and the library check again (ranks, dtypes, device, page indices, lengths)
     or sends to the general path (gradients, lazily negated views: of a table too, whose
     memory holds the negatives). Returns the output, or None: the general path then runs
@@ -122,6 +122,8 @@ def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, 
     try:  # (torch's errors too: IndexError for a dim a tensor lacks)
         if torch.is_grad_enabled() and (query.requires_grad or key_pages.requires_grad or value_pages.requires_grad):
             return None
+        # (A negated table's memory holds negative indices and lengths, which the library
+        # refuses anyway but where they are 0, their own negatives: asked all the same.)
         if (query.is_neg() or key_pages.is_neg() or value_pages.is_neg() or block_table.is_neg()
                 or seq_lens.is_neg()):
             return None
@@ -185,8 +187,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
         NotImplementedError: inputs that require grad (paged attention has no backward;
             call it under torch.no_grad() or torch.inference_mode()).
     """
-    if (window_size is _NO_WINDOW and alignment is None and alibi_slopes is None and type(softcap) is float
-            and softcap == 0.0 and sinks is None and not return_lse and key_scale is None and value_scale is None):
+    if not return_lse and _no_extras(0.0, None, window_size, alignment, alibi_slopes, softcap, sinks, key_scale,
+                                     value_scale):
         output = _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, causal, scale)
         if output is not None:
             return output

@@ -144,6 +144,11 @@ OUT = torch.full((1, 2, 4, 8), 7.0)  # an out= buffer the refused calls must lea
     (lambda q: sdpa.attention(q, q, q, out=q), ValueError, "^out: "),
     (lambda q: sdpa.attention(q, q, q, torch.ones(3, 3, 3), out=OUT), ValueError, "^mask: "),
     (lambda q: sdpa.attention(q, q, q, out=OUT[..., :5]), ValueError, "^out: "),
+    # A value of rank 0 (its last dim, asked for the output's shape, was an IndexError on
+    # both paths), with and without a gradient wanted.
+    (lambda q: sdpa.attention(q, q, torch.tensor(1.0)), ValueError, "^value: expected rank >= 2"),
+    (lambda q: sdpa.scaled_dot_product_attention(q, q, torch.tensor(1.0, requires_grad=True)), ValueError,
+     "^value: expected rank >= 2"),
 ])
 def test_a_refused_common_call_gets_the_general_paths_error(call, exception, message, monkeypatch):
     """The short path tries each (and gives up: None); the general path then runs and names
@@ -211,8 +216,10 @@ def test_the_common_paged_call_takes_the_short_path_and_gives_the_general_paths_
     assert short.stride() == general.stride() and short.is_contiguous(), name
 
 
-def test_the_short_paged_call_against_the_float64_oracle():
-    """The keys gathered from the pages, attended densely in float64."""
+def test_the_short_paged_call_against_the_float64_oracle(monkeypatch):
+    """The keys gathered from the pages, attended densely in float64 (the general path
+    refused: the short one answers)."""
+    monkeypatch.setattr(_sequences, "_framework", refuse)
     q, k_pages, v_pages, table, lens = paged_case()
     ours = sdpa.paged_attention(q, k_pages, v_pages, table, lens, causal="bottom_right", scale=0.7)
     for b in range(2):
@@ -225,9 +232,10 @@ def test_the_short_paged_call_against_the_float64_oracle():
 
 
 def test_paged_calls_the_short_path_cannot_answer_go_the_general_way(monkeypatch):
-    """Lazily negated views (the tables' memory holds the negatives), gradients, NumPy,
-    lists as tables, and any keyword past layout, causal and scale: with the general path
-    refused, each must fail rather than return."""
+    """Lazily negated views (the tables' memory holds the negatives: the library would
+    refuse those but for zeros, so for the tables this holds twice over), gradients,
+    NumPy, lists as tables, and any keyword past layout, causal and scale: with the
+    general path refused, each must fail rather than return."""
     monkeypatch.setattr(_sequences, "_framework", refuse)
     q, k_pages, v_pages, table, lens = paged_case()
     P = sdpa.paged_attention
@@ -239,12 +247,17 @@ def test_paged_calls_the_short_path_cannot_answer_go_the_general_way(monkeypatch
         lambda: P(q, k_pages, v_pages, neg(-table), lens),
         lambda: P(q, k_pages, v_pages, table, neg(-lens)),
         lambda: P(q.clone().requires_grad_(), k_pages, v_pages, table, lens),
+        lambda: P(q, k_pages.clone().requires_grad_(), v_pages, table, lens),
+        lambda: P(q, k_pages, v_pages.clone().requires_grad_(), table, lens),
         lambda: P(q.numpy(), k_pages.numpy(), v_pages.numpy(), table.numpy(), lens.numpy()),
         lambda: P(q, k_pages, v_pages, table.tolist(), lens),
         lambda: P(q, k_pages, v_pages, table, lens, return_lse=True),
         lambda: P(q, k_pages, v_pages, table, lens, softcap=5.0),
         lambda: P(q, k_pages, v_pages, table, lens, window_size=(2, 0)),
         lambda: P(q, k_pages, v_pages, table, lens, sinks=torch.zeros(4)),
+        lambda: P(q, k_pages, v_pages, table, lens, alignment="top_left"),
+        lambda: P(q, k_pages, v_pages, table, lens, alibi_slopes=torch.ones(4)),
+        lambda: P(q, k_pages.to(torch.int8), v_pages, table, lens, key_scale=torch.ones(6, 2, 4)),
         lambda: P(torch.nn.Parameter(q, requires_grad=False), k_pages, v_pages, table, lens),
     ]
     for n, call in enumerate(calls):
@@ -272,6 +285,8 @@ def test_negated_tables_read_as_their_values_on_the_general_path():
     (lambda a: a.update(block_table=a["block_table"].to("meta")), ValueError, "^block_table: expected a CPU tensor"),
     (lambda a: a.update(query=a["query"][0]), ValueError, "^query: expected rank 4"),
     (lambda a: a.update(query=a["query"].to_sparse()), TypeError, "^query: expected a strided"),
+    (lambda a: a.update(value_pages=torch.tensor(1.0)), ValueError, "^value_pages: expected rank 4"),  # (IndexError)
+    (lambda a: a.update(key_pages=torch.tensor(1.0)), ValueError, "^key_pages: expected rank 4"),
     (lambda a: {"layout": "XYZ"}, ValueError, "^layout: "),
     (lambda a: {"layout": "NHD"}, ValueError, "^seq_lens: .* = 6\\]"),  # HND pages read as NHD: page_size 2
     (lambda a: {"causal": True}, ValueError, "^causal: "),
@@ -295,3 +310,16 @@ def test_a_refused_paged_call_gets_the_general_paths_error(change, exception, me
         sdpa.paged_attention(**args, **keywords)
     assert tried == [None]
     assert all(torch.equal(args[name], x) for name, x in before.items())
+
+
+def test_the_common_paged_call_under_torch_compile():
+    """Traced (the short path steps aside, the general path's custom op runs), the whole
+    graph compiles and gives eager's bits."""
+    q, k_pages, v_pages, table, lens = paged_case("NHD")
+
+    def decode(q, k_pages, v_pages):
+        return sdpa.paged_attention(q, k_pages, v_pages, table, lens, layout="NHD", causal="bottom_right")
+
+    compiled = torch.compile(decode, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(q, k_pages, v_pages), decode(q, k_pages, v_pages))

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -89,9 +90,13 @@ TEST(Int8Kernels, RowAccumulateRefusesWeightsItCannotRound) {
   std::mt19937_64 rng(8);
   const std::int64_t cols = 9, Ev = 40, rows = 4;
   const Values v = random_values(cols + 2, Ev, rng);
-  // Not finite; and a row whose largest is tiny but not 0 (32767 / max would overflow).
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity(), 1e-35f, 0x1p-97f}) {
+  // Not finite (NaN of either sign and any payload: pack_weights compares |w|'s bits as
+  // integers); and a row whose largest is tiny but not 0 (32767 / max would overflow),
+  // subnormal or not.
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                    std::bit_cast<float>(std::uint32_t{0x7fffffff}), std::bit_cast<float>(std::uint32_t{0xff800001}),
+                    std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1e-35f, 0x1p-97f,
+                    -0x1p-97f, 1e-40f}) {
     std::vector<float> wt(cols * rows, 0.5f);
     for (std::int64_t c = 0; c < cols; ++c) wt[c * rows + 3] = std::isfinite(bad) ? bad : 0.0f;
     wt[5 * rows + 3] = bad;
@@ -177,12 +182,12 @@ TEST(Int8Kernels, PackQueryRefusesRowsItCannotRound) {
 // The decode scores of int8 K rows: scale · σ_r · s^K_c · Σ_e q̂ · k, the sum exact in
 // int32, so within float32's rounding of the scaling (4 roundings: σ·scale, times s^K,
 // the sum to float, the product) of the exact value — not of the products' size. Every
-// row count (16/R keys a block, then single keys for the rest of cols = 37), E on and off
-// the 32-dim step (its masked last loads: past E the keys hold 127s and q̂'s padding is
-// overwritten with 1000s, so a load past E would show), the unrolled E = 64 and 128, both
-// Sᵀ strides, each row at its own scale, -128 and 127 among the keys, and E =
-// kMaxQueryDims with every q̂ at 32767 and every key -128: the int32 sum at its
-// headroom's edge.
+// row count (blocks of keys, q̂ held in registers or read from memory, then single keys
+// for the rest of cols = 37), E on and off the 32-dim step (its masked last loads: past E
+// the keys hold 127s and q̂'s padding is overwritten with 1000s, so a load past E would
+// show), the unrolled E = 64 and 128, both Sᵀ strides, each row at its own scale, -128
+// and 127 among the keys, and E = kMaxQueryDims with every q̂ at 32767 and every key
+// -128: the int32 sum at its headroom's edge.
 TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
   SKIP_WITHOUT_VNNI();
   std::mt19937_64 rng(10);
@@ -220,7 +225,9 @@ TEST(Int8Kernels, RowScoresAreExactSumsTimesTheirScales) {
             }
             std::int64_t sum = 0;
             for (std::int64_t e = 0; e < E; ++e) sum += std::int64_t{q_hat[r * QueryStride(E) + e]} * k.rows[c][e];
-            if (edge) ASSERT_EQ(sum, -128 * E * 32767);
+            if (edge) {
+              ASSERT_EQ(sum, -128 * E * 32767);
+            }
             const double want = double{scale} * sigma[r] * k_scale[c] * static_cast<double>(sum);
             ASSERT_NEAR(st[c * st_stride + r], want, 3e-7 * std::abs(want)) << c << " " << r;
           }

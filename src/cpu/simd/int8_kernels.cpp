@@ -250,8 +250,8 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void row_score_keys(
 }
 
 // row_score_keys with q̂ read from memory by each vpdpwssd: out of line (inlined into
-// the loop over the keys, GCC hoisted the 64 addresses of a 4-row block's q̂ vectors and
-// kept them on the stack: 8 rows, E = 128, 7 % slower).
+// the loop over the keys, GCC hoisted the addresses of a block's q̂ vectors, 32 for 8
+// rows at E = 128, and kept them on the stack: 7 % slower).
 template <int R, int Keys, int Steps>
 SDPA_INT8_TARGET __attribute__((noinline)) void row_score_keys_from(const std::int16_t* q_hat, std::int64_t E,
                                                                     const std::byte* const* k_rows, std::int64_t c,
@@ -266,24 +266,26 @@ SDPA_INT8_TARGET __attribute__((noinline)) void row_score_keys_from(const std::i
 
 // row_scores for R rows: blocks of keys, then the last keys one at a time; the common
 // head sizes (64, 128) with their steps known: unrolled and unmasked. q̂ is held in
-// registers (R · Steps vectors) where it leaves room for a block of accumulators (32
+// registers (R · Steps vectors) where it leaves room for blocks of two keys or more (32
 // registers: q̂, Keys · R sums, a key's vector and the compiler's few), so that a
 // vpdpwssd reads no memory: from memory, a block of 4 rows × 4 keys at E = 128 made 64
 // q̂ loads beside its 16 of K, and the loads, not the products, set its pace (Zen 5: two
-// 512-bit loads a cycle, two vpdpwssd) — an int8 decode in cache 8–12 % faster held.
-// Elsewhere blocks of 16 / R keys read q̂ from memory.
+// 512-bit loads a cycle, two vpdpwssd) — an int8 decode in cache 4–13 % faster held
+// (bench/RESULTS.md). Elsewhere blocks of 16 / R keys read q̂ from memory.
+template <int R, int Steps>
+constexpr int kHeldKeys = Steps > 0 && R* Steps <= 16 ? std::min(16 / R, (29 - R * Steps) / R) : 0;
 template <int R, int Steps>
 SDPA_INT8_TARGET void row_scores_steps(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, __m512 row_factor, const float* k_scale,
                                        float* st, std::int64_t st_stride) {
   std::int64_t c = 0;
-  if constexpr (Steps > 0 && R * Steps <= 16) {
+  if constexpr (kHeldKeys<R, Steps> >= 2) {
     __m512i q[R * Steps];  // q[r·Steps + step]: row r's dims [32·step, 32·step + 32)
 #pragma GCC unroll 16
     for (int i = 0; i < R * Steps; ++i) q[i] = _mm512_loadu_si512(q_hat + 32 * i);
     const auto held = [&](__m512i acc, __m512i kv, int r, std::int64_t e)
                           SDPA_INT8_TARGET { return dpwssd(acc, kv, q[r * Steps + e / 32]); };
-    constexpr int kKeys = std::min(16 / R, (29 - R * Steps) / R);
+    constexpr int kKeys = kHeldKeys<R, Steps>;
     for (; c + kKeys <= cols; c += kKeys)
       row_score_keys<R, kKeys, Steps>(E, k_rows, c, ahead, row_factor, k_scale, st, st_stride, held);
     for (; c < cols; ++c) row_score_keys<R, 1, Steps>(E, k_rows, c, ahead, row_factor, k_scale, st, st_stride, held);

@@ -29,10 +29,10 @@ namespace HWY_NAMESPACE {
 namespace simd {
 
 // op's rows of matrix `matrix` in order from row j0: each next() gives a row's address
-// and moves on to the row after it. A paged op's rows are walked page by page, with one
-// division for the first row: Operand::address finds a row's page with a 64-bit division
-// and a remainder, tens of cycles each on Intel cores, and a decode tile asks for two
-// hundred rows (K's and V's, with those its kernels request ahead).
+// and moves on to the row after it; fill(out, n) gives the next n at once. A paged op's rows are walked page by page,
+// with one division for the first row: Operand::address finds a row's page with a 64-bit division and a remainder, tens
+// of cycles each on Intel cores, and a decode tile asks for two hundred rows (K's and V's, with those its kernels
+// request ahead).
 class RowWalker {
  public:
   RowWalker(const Operand& op, std::int64_t matrix, std::int64_t j0)
@@ -65,9 +65,10 @@ class RowWalker {
   void fill(const std::byte** out, std::int64_t count) {
     while (count > 0) {
       if (in_page_ == page_rows_) next_page();
-      const std::int64_t run = std::min(count, page_rows_ - in_page_);
-      for (std::int64_t i = 0; i < run; ++i) out[i] = row_ + i * step_;
-      row_ += run * step_;
+      const std::int64_t run = std::min(count, page_rows_ - in_page_), step = step_;
+      const std::byte* const row = row_;  // (locals: out's stores cannot alias them)
+      for (std::int64_t i = 0; i < run; ++i) out[i] = row + i * step;
+      row_ = row + run * step;
       in_page_ += run;
       out += run;
       count -= run;
