@@ -17,9 +17,10 @@ _NO_WINDOW = (-1, -1)
 
 def _no_extras(dropout_p, seed, window_size, alignment, alibi_slopes, softcap, sinks, key_scale, value_scale):
     """Whether a call leaves every keyword but causal and scale (and the dense calls' out,
-    enable_gqa; paged_attention's layout) at its default: a common call's, which a short
-    path may take (_attention._common_call, _sequences._common_paged). A number is compared
-    only once its type is known (an array's == would be an array)."""
+    enable_gqa; paged_attention's layout) at its default — return_weights and return_lse
+    are the callers' to test: a common call's, which a short path may take
+    (_attention._common_call, _sequences._common_paged). A number is compared only once its
+    type is known (an array's == would be an array)."""
     return (type(dropout_p) is float and dropout_p == 0.0 and seed is None and window_size is _NO_WINDOW
             and alignment is None and alibi_slopes is None and type(softcap) is float and softcap == 0.0
             and sinks is None and key_scale is None and value_scale is None)

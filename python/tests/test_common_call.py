@@ -6,6 +6,7 @@ layout, and leave to the general path every call it cannot answer the same way: 
 negated views, gradients, a head count torch refuses, a batch to broadcast, and every error.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,6 +148,8 @@ OUT = torch.full((1, 2, 4, 8), 7.0)  # an out= buffer the refused calls must lea
     # A value of rank 0 (its last dim, asked for the output's shape, was an IndexError on
     # both paths), with and without a gradient wanted.
     (lambda q: sdpa.attention(q, q, torch.tensor(1.0)), ValueError, "^value: expected rank >= 2"),
+    (lambda q: sdpa.attention(q.numpy(), q.numpy(), np.ones((), np.float32)), ValueError,
+     "^value: expected rank >= 2"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, torch.tensor(1.0, requires_grad=True)), ValueError,
      "^value: expected rank >= 2"),
 ])
@@ -257,7 +260,9 @@ def test_paged_calls_the_short_path_cannot_answer_go_the_general_way(monkeypatch
         lambda: P(q, k_pages, v_pages, table, lens, sinks=torch.zeros(4)),
         lambda: P(q, k_pages, v_pages, table, lens, alignment="top_left"),
         lambda: P(q, k_pages, v_pages, table, lens, alibi_slopes=torch.ones(4)),
-        lambda: P(q, k_pages.to(torch.int8), v_pages, table, lens, key_scale=torch.ones(6, 2, 4)),
+        # (Float pages: a gate that let a scale through would answer, not fail in the library.)
+        lambda: P(q, k_pages, v_pages, table, lens, key_scale=torch.ones(6, 2, 4)),
+        lambda: P(q, k_pages, v_pages, table, lens, value_scale=torch.ones(6, 2, 4)),
         lambda: P(torch.nn.Parameter(q, requires_grad=False), k_pages, v_pages, table, lens),
     ]
     for n, call in enumerate(calls):
@@ -320,6 +325,7 @@ def test_the_common_paged_call_under_torch_compile():
     def decode(q, k_pages, v_pages):
         return sdpa.paged_attention(q, k_pages, v_pages, table, lens, layout="NHD", causal="bottom_right")
 
-    compiled = torch.compile(decode, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
-        assert torch.equal(compiled(q, k_pages, v_pages), decode(q, k_pages, v_pages))
+        eager = decode(q, k_pages, v_pages)  # (first: sdpa's torch framework made outside the trace)
+        compiled = torch.compile(decode, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(q, k_pages, v_pages), eager)
