@@ -50,8 +50,6 @@ def _common_call(query, key, value, mask, mask_name, causal, scale, out, *, drop
     if not (type(query) is tensor and type(key) is tensor and type(value) is tensor
             and (mask is None or type(mask) is tensor) and (out is None or type(out) is tensor)):
         return None
-    if torch.compiler.is_compiling():  # (before any tensor attribute: its bool would break the traced graph)
-        return None
     # Torch's errors too (RuntimeError: a nested tensor has no shape, a sparse one no
     # strides), all of them the general path's to report.
     try:

@@ -5,6 +5,7 @@ and the layers (sdpa/nn.py) take the query's framework for the whole call."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -32,10 +33,16 @@ class _Torch:
         # torch.utils.dlpack (torch.from_dlpack comes from it).
         self.torch = _torch_module()
         self._to_dlpack = self.torch.utils.dlpack.to_dlpack
-        # The binding reads a plain torch.Tensor itself where torch offers DLPack 1.3's C
-        # exchange API (torch 2.15 does): no capsule to make (export, below).
-        self.in_place = _core.reads_in_place(self.torch.empty(0))
         self._cpu = self.torch.device("cpu")  # (torch.empty parses a device string each call)
+
+    @functools.cached_property
+    def in_place(self) -> bool:
+        """Whether the binding reads a plain torch.Tensor itself: where torch offers DLPack
+        1.3's C exchange API (torch 2.15 does), no capsule to make (export, below). Asked
+        on the first untraced call that needs it, not when the framework is made: a
+        process's first sdpa call may come inside torch.compile, whose trace cannot enter
+        the binding (fullgraph=True failed on it)."""
+        return _core.reads_in_place(self.torch.empty(0))
 
     def compiling(self) -> bool:
         """Whether torch.compile traces this call. Asked once for a call's checks: it is
@@ -203,7 +210,10 @@ _TORCH = None
 
 def torch_in_place(query):
     """The torch framework where a short path can take the call (sdpa/_attention.py,
-    sdpa/_sequences.py): torch there and its tensors read in place by the binding (torch's
-    DLPack C exchange API); else None."""
+    sdpa/_sequences.py): torch there, not traced by torch.compile (asked before any tensor
+    attribute, whose bool would break the traced graph), and its tensors read in place by
+    the binding (torch's DLPack C exchange API); else None."""
     fw = _TORCH if _TORCH is not None else _framework(query)  # (made by the first torch call)
-    return fw if isinstance(fw, _Torch) and fw.in_place else None
+    if not isinstance(fw, _Torch) or fw.torch.compiler.is_compiling():
+        return None
+    return fw if fw.in_place else None

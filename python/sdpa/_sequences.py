@@ -117,8 +117,6 @@ def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, 
     if not (type(query) is tensor and type(key_pages) is tensor and type(value_pages) is tensor
             and type(block_table) is tensor and type(seq_lens) is tensor):
         return None
-    if torch.compiler.is_compiling():  # (before any tensor attribute: its bool would break the traced graph)
-        return None
     try:  # (torch's errors too: IndexError for a dim a tensor lacks)
         if torch.is_grad_enabled() and (query.requires_grad or key_pages.requires_grad or value_pages.requires_grad):
             return None

@@ -13,7 +13,7 @@ import torch
 import oracle
 import sdpa
 from oracle import packed
-from sdpa import _attention, _sequences
+from sdpa import _attention, _frameworks, _sequences
 
 
 def refuse(*args, **kwargs):
@@ -329,3 +329,23 @@ def test_the_common_paged_call_under_torch_compile():
         eager = decode(q, k_pages, v_pages)  # (first: sdpa's torch framework made outside the trace)
         compiled = torch.compile(decode, backend="aot_eager", fullgraph=True)
         assert torch.equal(compiled(q, k_pages, v_pages), eager)
+
+
+@pytest.mark.parametrize("which", ["drop-in", "paged"])
+def test_a_processs_first_call_may_come_inside_torch_compile(which, monkeypatch):
+    """The first torch call makes sdpa's torch framework (_frameworks._TORCH); made inside
+    a trace, it must not enter the binding, which torch.compile(fullgraph=True) refused
+    ("a process's first sdpa call": _TORCH forgotten for the test)."""
+    monkeypatch.setattr(_frameworks, "_TORCH", None)
+    torch._dynamo.reset()
+    q, k_pages, v_pages, table, lens = paged_case()
+    if which == "drop-in":
+        def call(q):
+            return sdpa.scaled_dot_product_attention(q, q, q)
+    else:
+        def call(q):
+            return sdpa.paged_attention(q, k_pages, v_pages, table, lens)
+    with torch.no_grad():
+        compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(q)
+        assert _frameworks._TORCH is not None
+        assert torch.equal(compiled, call(q))
