@@ -24,6 +24,18 @@ def decline(*args, **kwargs):
     return None
 
 
+def spy_on(monkeypatch, module, name):
+    """The list of what module.name (a short path) returns, call by call, from now on."""
+    tried = []
+    short_path = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        tried.append(short_path(*args, **kwargs))
+        return tried[-1]
+    monkeypatch.setattr(module, name, spy)
+    return tried
+
+
 @pytest.fixture
 def general_path_refused(monkeypatch):
     """The general path raises (its first step, _prepare_qkv): a call that returns took the
@@ -159,13 +171,7 @@ def test_a_refused_common_call_gets_the_general_paths_error(call, exception, mes
     q = packed(1, 2, 4, 8, seed=30)
     sdpa.scaled_dot_product_attention(q, q, q, scale=1.0)  # (the options kept for 1.0)
     before, out_before = q.clone(), OUT.clone()
-    tried = []
-    short_path = _attention._common_call
-
-    def spy(*args, **kwargs):
-        tried.append(short_path(*args, **kwargs))
-        return tried[-1]
-    monkeypatch.setattr(_attention, "_common_call", spy)
+    tried = spy_on(monkeypatch, _attention, "_common_call")
     with pytest.raises(exception, match=message):
         call(q)
     assert tried == [None]
@@ -304,13 +310,7 @@ def test_a_refused_paged_call_gets_the_general_paths_error(change, exception, me
     args = dict(query=q, key_pages=k_pages, value_pages=v_pages, block_table=table, seq_lens=lens)
     keywords = change(args) or {}
     before = {name: x.clone() for name, x in args.items() if x.layout == torch.strided and x.device.type == "cpu"}
-    tried = []
-    short_path = _sequences._common_paged
-
-    def spy(*a, **k):
-        tried.append(short_path(*a, **k))
-        return tried[-1]
-    monkeypatch.setattr(_sequences, "_common_paged", spy)
+    tried = spy_on(monkeypatch, _sequences, "_common_paged")
     with pytest.raises(exception, match=message):
         sdpa.paged_attention(**args, **keywords)
     assert tried == [None]
