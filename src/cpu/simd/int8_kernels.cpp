@@ -273,7 +273,7 @@ SDPA_INT8_TARGET __attribute__((noinline)) void row_score_keys_from(const std::i
 // 512-bit loads a cycle, two vpdpwssd) — an int8 decode in cache 4–13 % faster held
 // (bench/RESULTS.md). Elsewhere blocks of 16 / R keys read q̂ from memory.
 template <int R, int Steps>
-constexpr int kHeldKeys = Steps > 0 && R* Steps <= 16 ? std::min(16 / R, (29 - R * Steps) / R) : 0;
+constexpr int kHeldKeys = Steps > 0 && (R * Steps) <= 16 ? std::min(16 / R, (29 - R * Steps) / R) : 0;
 template <int R, int Steps>
 SDPA_INT8_TARGET void row_scores_steps(const std::int16_t* q_hat, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, __m512 row_factor, const float* k_scale,
