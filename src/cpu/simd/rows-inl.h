@@ -29,10 +29,11 @@ namespace HWY_NAMESPACE {
 namespace simd {
 
 // op's rows of matrix `matrix` in order from row j0: each next() gives a row's address
-// and moves on to the row after it; fill(out, n) gives the next n at once. A paged op's rows are walked page by page,
-// with one division for the first row: Operand::address finds a row's page with a 64-bit division and a remainder, tens
-// of cycles each on Intel cores, and a decode tile asks for two hundred rows (K's and V's, with those its kernels
-// request ahead).
+// and moves on to the row after it; fill(out, n) gives the next n at once. A paged op's
+// rows are walked page by page, with one division for the first row: Operand::address
+// finds a row's page with a 64-bit division and a remainder, tens of cycles each on
+// Intel cores, and a decode tile asks for two hundred rows (K's and V's, with those its
+// kernels request ahead).
 class RowWalker {
  public:
   RowWalker(const Operand& op, std::int64_t matrix, std::int64_t j0)
