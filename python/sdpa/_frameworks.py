@@ -89,6 +89,16 @@ class _Torch:
     def output_like(self, query, value, dropout_p):
         return output_like(self.torch, query, value, dropout_p)
 
+    def packed_like(self, query, value):
+        """A packed output of the query's shape but for its last dim, the value's (Ev), in the
+        query's dtype: what varlen and paged calls return. torch.empty_like where Ev = E (half
+        torch.empty's cost with a shape built from slices), told the packed order: it would
+        copy the strides of a dense query, a size-1 dim's odd one included."""
+        value_dim = last_dim(value)
+        if value_dim == query.shape[-1]:
+            return self.torch.empty_like(query, memory_format=self.torch.contiguous_format)
+        return query.new_empty(tuple(query.shape[:-1]) + (value_dim,))
+
     def export(self, x):
         """x (prepared) as the binding takes it outside autograd: a plain tensor as it is,
         which the binding reads through torch's DLPack C exchange API (python/src/
@@ -155,6 +165,9 @@ class _NumPy:
         return np.empty(tuple(shape), dtype=dtype)
 
     def output_like(self, query, value, dropout_p):
+        return self.packed_like(query, value)
+
+    def packed_like(self, query, value):
         return np.empty(tuple(query.shape[:-1]) + (last_dim(value),), dtype=query.dtype)
 
     def export(self, x):

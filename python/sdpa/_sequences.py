@@ -89,7 +89,7 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, causal=No
     # No gradient is wanted past this point: the tensors go as DLPack views (fw.export).
     total_q, heads_q = q.shape[0], q.shape[1]
     # FlashAttention's layouts, written through (H, total, ·) views.
-    output = fw.empty((total_q, heads_q, v.shape[-1]), q.dtype)
+    output = fw.packed_like(q, v)
     lse = fw.empty((heads_q, total_q), fw.lse_dtype(q)) if return_lse else None
     key_scale, value_scale = (None if s is None else fw.swap(s, 0, 1) for s in (key_scale, value_scale))
     export, swap = fw.export, fw.swap
@@ -108,7 +108,7 @@ def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, 
     or sends to the general path (gradients, lazily negated views: of a table too, whose
     memory holds the negatives). Returns the output, or None: the general path then runs
     from the start and raises its own error (the library writes nothing before its checks
-    pass). The output is packed, as the general path's."""
+    pass). The output is the general path's: packed (packed_like)."""
     fw = torch_in_place(query)
     if fw is None or layout not in _LAYOUTS:
         return None
@@ -127,12 +127,8 @@ def _common_paged(query, key_pages, value_pages, block_table, seq_lens, layout, 
             return None
         options = causal_and_scale(causal, scale)
         if layout == "NHD":  # (pages, page_size, Hkv, ·) read as (pages, Hkv, page_size, ·)
-            key_pages, value_pages = key_pages.transpose(1, 2), value_pages.transpose(1, 2)
-        value_dim = value_pages.shape[-1]
-        if value_dim == query.shape[-1]:
-            out = torch.empty_like(query, memory_format=torch.contiguous_format)
-        else:
-            out = query.new_empty(tuple(query.shape[:-1]) + (value_dim,))
+            key_pages, value_pages = fw.swap(key_pages, 1, 2), fw.swap(value_pages, 1, 2)
+        out = fw.packed_like(query, value_pages)
         _core.forward_paged(query, key_pages, value_pages, block_table, seq_lens, None, None, out, None, options,
                             None, None)
     except (TypeError, ValueError, RuntimeError, IndexError):
@@ -227,9 +223,8 @@ def paged_attention(query, key_pages, value_pages, block_table, seq_lens, *, lay
     # No gradient is wanted past the checks above: the tensors go as DLPack views (fw.export).
     if nhd:  # (pages, page_size, Hkv, E) read as (pages, Hkv, page_size, E)
         kp, vp = fw.swap(kp, 1, 2), fw.swap(vp, 1, 2)
-    rows = tuple(q.shape[:-1])
-    output = fw.empty(rows + (vp.shape[-1],), q.dtype)
-    lse = fw.empty(rows, fw.lse_dtype(q)) if return_lse else None
+    output = fw.packed_like(q, vp)
+    lse = fw.empty(tuple(q.shape[:-1]), fw.lse_dtype(q)) if return_lse else None
     export = fw.export
     _core.forward_paged(export(q), export(kp), export(vp), export(table), export(lengths), export(slopes),
                         export(sink_logits), export(output), export(lse), to_core(options), export(key_scale),
