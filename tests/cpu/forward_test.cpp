@@ -659,16 +659,20 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
             c.causal = causal;
             expect_forward_agrees(c, ++n);
           }
-    // The other row counts for bfloat16, whose scores take vdpbf16ps where bf16::chosen()
-    // (bf16::row_scores: 16/R keys a block, then single keys).
-    for (std::int64_t E : {17, 40, 128})
-      for (std::int64_t heads_q : {2, 3, 5, 7}) {
-        Case c;
-        c.dtype = DType::bfloat16;
-        c.batch = {2};
-        c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 150, c.E = E, c.Ev = E + 3;
-        expect_forward_agrees(c, ++n);
-      }
+    // The other row counts: bfloat16's scores take vdpbf16ps where bf16::chosen()
+    // (bf16::row_scores: 16/R keys a block, then single keys); float32's P·V takes the
+    // rows in groups (2 rows from Ev = 128 on, 4 from 64 with more than 4 rows, the last
+    // group smaller: RowAccumulateFewRows) over chunks of 32 keys (S = 150: a chunk
+    // ends mid-tile).
+    for (DType dtype : {DType::float32, DType::bfloat16})
+      for (std::int64_t E : {17, 40, 61, 128})
+        for (std::int64_t heads_q : {2, 3, 5, 7}) {
+          Case c;
+          c.dtype = dtype;
+          c.batch = {2};
+          c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 150, c.E = E, c.Ev = E + 3;
+          expect_forward_agrees(c, ++n);
+        }
   });
 }
 

@@ -148,12 +148,30 @@ HWY_INLINE hn::Vec<D> BlockTotals(D d, const hn::Vec<D>* v) {
   }
 }
 
+// The sum of v's 128-bit blocks: halves first, as BlockTotals adds them.
+template <class D>
+HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
 // sums[i] = Σ lanes of acc[i] for i < M, a vector of sums at a time (sums holds M rounded
 // up to whole vectors; the lanes past M get 0).
 template <int M>
 HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
   const DF df;
   constexpr int N = static_cast<int>(hn::MaxLanes(DF())), kBlocks = N / 4;
+  if constexpr (M <= 4 && kBlocks > 1) {  // one vector's blocks: the other vectors' zeros not added
+    const auto at = [&](int j) { return j < M ? acc[j] : hn::Zero(df); };
+    const auto totals = FoldBlocks(df, BlockSums4(at(0), at(1), at(2), at(3)));
+    hn::Store(hn::Zero(df), df, sums);
+    hn::Store(totals, hn::CappedTag<float, 4>(), sums);
+    return;
+  }
   for (int i = 0; i < M; i += N) {
     VF blocks[kBlocks];  // blocks[b]: BlockSums4 of acc[i + 4b, i + 4b + 4)
     for (int b = 0; b < kBlocks; ++b) {
@@ -233,12 +251,26 @@ constexpr int RegisterBlock() {
 #endif
 }
 
+// Keys RowScoresFewRows scores together for R rows of T: RegisterBlock<R>(), but one key,
+// its row read whole before the next, for float32 rows and 3 rows or more on AVX-512. A
+// step over a vector of dims of each of 4 keys in turn, 4 rows, read from memory ~10 %
+// slower (GB/s) than a key at a time, though it computes ~15 % faster in the cache
+// (docs/performance.md, "Whole rows in turn"). With 1 or 2 rows (fewer FMAs a key) a
+// key at a time was level or slower; other dtypes' rows were not measured that way.
+template <int R, class T>
+constexpr int ScoreKeys() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (sizeof(T) == 4 && R >= 3) return 1;
+#endif
+  return RegisterBlock<R>();
+}
+
 // Sᵀ of keys [0, cols) (k_rows[c]: key c's row, unit stride; k_scale[c] its scale, or
-// k_scale null) for R rows: RegisterBlock<R>() keys at a time.
+// k_scale null) for R rows: ScoreKeys<R, T>() keys at a time.
 template <int R, class T>
 HWY_NOINLINE void RowScoresFewRows(const float* q, std::int64_t E, const std::byte* const* k_rows, std::int64_t cols,
                                    const float* k_scale, float* st, std::size_t st_stride) {
-  constexpr int kKeys = RegisterBlock<R>();
+  constexpr int kKeys = ScoreKeys<R, T>();
   const auto spread = SpreadIndices(R);
   std::int64_t c = 0;
   for (; c + kKeys <= cols; c += kKeys) RowScoreKeys<R, kKeys, T>(q, E, k_rows, c, k_scale, spread, st, st_stride);
@@ -302,57 +334,104 @@ HWY_INLINE void AddRowsTransposed(const float* HWY_RESTRICT o, std::int64_t Ev, 
     for (int r = 0; r < R; ++r) ot[d * stride + r] += o[r * Ev + d];
 }
 
-// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
-// [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
-// V vectors of dims over all the keys, then add into Oᵀ once per tile.
-template <int R, int V, class T>
-HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
-                                  std::int64_t cols, std::int64_t d0, float* HWY_RESTRICT ot, std::int64_t stride) {
+// Keys a chunk of RowAccumulateDims reads: a chunk's float32 values (16 KiB at Ev = 128)
+// stay in L1 from one group's pass to the next.
+constexpr std::int64_t kChunkKeys = 32;
+
+// acc[r][v] += Σ_{c0 <= c < c1} pt[c·ps + r] · v_c[d0 + v·N + lane] for the rows [kFirst,
+// R) in groups of G, each group's accumulators in registers over the keys; the first
+// group requests the lines of the rows ahead.
+template <int R, int G, int kFirst, int V, class T>
+HWY_INLINE void AccumulateGroups(VF (&acc)[R][V], const float* HWY_RESTRICT pt, std::int64_t ps,
+                                 const std::byte* const* v_rows, std::int64_t c0, std::int64_t c1, std::int64_t d0) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  VF acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(df);
-  for (std::int64_t c = 0; c < cols; ++c) {
+  constexpr int kRows = std::min(G, R - kFirst);
+  VF a[kRows][V];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) a[r][v] = acc[kFirst + r][v];
+  for (std::int64_t c = c0; c < c1; ++c) {
     VF x[V];
     for (int v = 0; v < V; ++v) {
       x[v] = WidenRow(RowAt<T>(v_rows, c) + d0 + v * N);
-      PrefetchLine(RowAt<T>(v_rows, c + RowsAhead<T>()), d0 + v * N);
+      if (kFirst == 0) PrefetchLine(RowAt<T>(v_rows, c + RowsAhead<T>()), d0 + v * N);
     }
-    for (int r = 0; r < R; ++r) {
-      const VF p = hn::Set(df, pt[c * ps + r]);
-      for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(p, x[v], acc[r][v]);
+    for (int r = 0; r < kRows; ++r) {
+      const VF p = hn::Set(df, pt[c * ps + kFirst + r]);
+      for (int v = 0; v < V; ++v) a[r][v] = hn::MulAdd(p, x[v], a[r][v]);
     }
   }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) acc[kFirst + r][v] = a[r][v];
+  if constexpr (kFirst + G < R) AccumulateGroups<R, G, kFirst + G, V, T>(acc, pt, ps, v_rows, c0, c1, d0);
+}
+
+// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
+// [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
+// V vectors of dims over all the keys, then add into Oᵀ once per tile. With groups of G
+// < R rows, the keys go in chunks, every group over one chunk before the next.
+template <int R, int G, int V, class T>
+HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
+                                  std::int64_t cols, std::int64_t d0, float* HWY_RESTRICT ot, std::int64_t stride) {
+  const DF df;
+  VF acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(df);
+  const std::int64_t chunk = G < R ? kChunkKeys : cols;
+  for (std::int64_t c0 = 0; c0 < cols; c0 += chunk)
+    AccumulateGroups<R, G, 0, V, T>(acc, pt, ps, v_rows, c0, std::min(cols, c0 + chunk), d0);
   AddTransposed<R, V>(acc, ot + d0 * stride, stride);
 }
 
 // Oᵀ += … for the dims from d on, in blocks of V vectors, then V/2, …, 1, while whole
 // vectors remain (fewer passes over the keys than single vectors where Ev is not a
 // multiple of V vectors); d ends at the first dim past whole vectors.
-template <int R, int V, class T>
+template <int R, int G, int V, class T>
 HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                     std::int64_t cols, std::int64_t Ev, std::int64_t& d, float* HWY_RESTRICT ot,
                                     std::int64_t stride) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
-  for (; d + V * N <= Ev; d += V * N) RowAccumulateDims<R, V, T>(pt, ps, v_rows, cols, d, ot, stride);
-  if constexpr (V > 1) RowAccumulateBlocks<R, V / 2, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
+  for (; d + V * N <= Ev; d += V * N) RowAccumulateDims<R, G, V, T>(pt, ps, v_rows, cols, d, ot, stride);
+  if constexpr (V > 1) RowAccumulateBlocks<R, G, V / 2, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
 }
 
-// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
-template <int R, class T>
-HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride,
-                                       const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev,
-                                       float* HWY_RESTRICT ot, std::size_t rows) {
-  const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
+// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims, in
+// groups of G rows, V vectors of dims a pass.
+template <int R, int G, int V, class T>
+HWY_INLINE void RowAccumulateAll(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
+                                 std::int64_t cols, std::int64_t Ev, float* HWY_RESTRICT ot, std::int64_t stride) {
   std::int64_t d = 0;
-  RowAccumulateBlocks<R, RegisterBlock<R>(), T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
+  RowAccumulateBlocks<R, G, V, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
   for (; d < Ev; ++d)  // the dims past whole vectors
     for (int r = 0; r < R; ++r) {
       float sum = 0.0f;
       for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c), d);
       ot[d * stride + r] += sum;
     }
+}
+
+// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
+// float32 values on AVX-512: a pass reads each value whole where the accumulators allow
+// (16 vectors: 2 rows × 8 vectors, 4 × 4), the rows taken in groups over each chunk of
+// keys (the later groups read the chunk again from L1), rather than all R rows over a
+// part of each value's dims a pass; a pass over the first halves of a tile's values,
+// then one over the second halves, read from memory a few % slower (docs/performance.md,
+// "Whole rows in turn"). bfloat16 values read as fast either way from memory, and slower
+// in groups from the cache: they keep the passes over parts of their dims.
+template <int R, class T>
+HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride,
+                                       const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev,
+                                       float* HWY_RESTRICT ot, std::size_t rows) {
+  const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const std::int64_t vectors = Ev / static_cast<std::int64_t>(hn::Lanes(DF()));
+  if constexpr (R > 2 && sizeof(T) == 4) {
+    if (vectors >= 8) return RowAccumulateAll<R, 2, 8, T>(pt, ps, v_rows, cols, Ev, ot, stride);
+    if constexpr (R > 4)
+      if (vectors >= 4) return RowAccumulateAll<R, 4, 4, T>(pt, ps, v_rows, cols, Ev, ot, stride);
+  }
+#endif
+  RowAccumulateAll<R, R, RegisterBlock<R>(), T>(pt, ps, v_rows, cols, Ev, ot, stride);
 }
 
 // f(std::integral_constant<int, R>()) for the run-time row count R = rows, 1 <= rows <=
