@@ -175,8 +175,9 @@ void ExpectRowScores(const std::vector<float>& st, std::int64_t cols, std::int64
   for (std::int64_t i = cols * st_stride; i < cols * st_stride + 16; ++i) ASSERT_EQ(st[i], -1.0f) << i;
 }
 
-// The decode scores, lanes along E: every row count (16 accumulators: 16/R keys a block,
-// then single keys for the rest of cols = 37), E below, at and off the 32-element step
+// The decode scores, lanes along E: every row count (up to 4 rows at E = 64 and 128, the
+// query held and 8/R keys a block; else 16/R keys a block, the query loaded a step; then
+// single keys for the rest of cols = 37), E below, at and off the 32-element step
 // (its masked last loads), the dense Sᵀ (stride = rows) and a wider one. Each key's
 // row sits in its own buffer, as a cache's rows may, and K holds NaN past E, which the
 // masked loads must not reach; the rows' pointers run `ahead` past cols (the

@@ -660,10 +660,9 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
             expect_forward_agrees(c, ++n);
           }
     // The other row counts: bfloat16's scores take vdpbf16ps where bf16::chosen()
-    // (bf16::row_scores: 16/R keys a block, then single keys); float32's P·V takes the
-    // rows in groups (2 rows from Ev = 128 on, 4 from 64 with more than 4 rows, the last
-    // group smaller: RowAccumulateFewRows) over chunks of 32 keys (S = 150: a chunk
-    // ends mid-tile).
+    // (bf16::row_scores); on AVX-512, float32's P·V takes the rows in groups (2 rows for
+    // 8 vectors of dims, 4 for 4, the last group smaller: RowAccumulateFewRows) over
+    // chunks of 32 keys (S = 150: a chunk ends mid-tile).
     for (DType dtype : {DType::float32, DType::bfloat16})
       for (std::int64_t E : {17, 40, 61, 128})
         for (std::int64_t heads_q : {2, 3, 5, 7}) {

@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -137,18 +136,18 @@ SDPA_BF16_TARGET inline __attribute__((always_inline)) void row_score_keys_whole
   store_score_lanes<R, Keys>(_mm512_mul_ps(lane_sums<Keys * R>(acc), _mm512_set1_ps(scale)), c, st, st_stride);
 }
 
-// row_scores for R rows. Where the rows' vectors fit 16 registers (R · E/32 ≤ 16: 4 rows
-// at E = 128, 8 at 64) they are loaded once and each key's row read whole in turn, 8 / R
-// keys a block (8 accumulators): on the Zen 5, 5-7 % faster in cache at 1 and 4 rows
-// than steps over a vector of each of 16 / R keys, and from memory level to 5 % faster
-// (docs/performance.md, "Whole rows in turn"). Otherwise blocks of 16 / R keys, the
-// rows' vectors loaded a step. The last keys one at a time.
+// row_scores for R rows. Up to 4 rows whose vectors fit 16 registers (R · E/32 ≤ 16: E
+// up to 128) are loaded once and each key's row read whole in turn, 8 / R keys a block
+// (8 or 6 accumulators, blocks of ≥ 2 keys to share a reduction): on the Zen 5, 5-7 %
+// faster in cache at 1 and 4 rows than steps over a vector of each of 16 / R keys, and
+// level from memory (-2 to +5 %: docs/performance.md, "Whole rows in turn"). Otherwise
+// blocks of 16 / R keys, the rows' vectors loaded a step. The last keys one at a time.
 template <int R, int Steps>
 SDPA_BF16_TARGET void row_scores_steps(const std::uint16_t* q, std::int64_t E, const std::byte* const* k_rows,
                                        std::int64_t cols, std::int64_t ahead, float scale, float* st,
                                        std::int64_t st_stride) {
-  if constexpr (Steps > 0 && R * Steps <= 16) {
-    constexpr int kKeys = std::max(1, 8 / R);
+  if constexpr (Steps > 0 && R * Steps <= 16 && R <= 4) {
+    constexpr int kKeys = 8 / R;
     __m512bh qv[R][Steps];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)

@@ -150,12 +150,22 @@ HWY_INLINE hn::Vec<D> BlockTotals(D d, const hn::Vec<D>* v) {
 
 // The sum of v's 128-bit blocks: halves first, as BlockTotals adds them.
 template <class D>
-HWY_INLINE auto FoldBlocks(D d, hn::Vec<D> v) {
+HWY_INLINE auto FoldBlocks(D, hn::Vec<D> v) {
   if constexpr (hn::MaxLanes(D()) <= 4) {
     return v;
   } else {
     const hn::Half<D> dh;
     return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+// v (4 lanes) in the low lanes of a vector of D, the others 0.
+template <class D>
+HWY_INLINE hn::Vec<D> ZeroExtendFrom4(D d, hn::Vec<hn::CappedTag<float, 4>> v) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    return v;
+  } else {
+    return hn::ZeroExtendVector(d, ZeroExtendFrom4(hn::Half<D>(), v));
   }
 }
 
@@ -167,9 +177,9 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DF())), kBlocks = N / 4;
   if constexpr (M <= 4 && kBlocks > 1) {  // one vector's blocks: the other vectors' zeros not added
     const auto at = [&](int j) { return j < M ? acc[j] : hn::Zero(df); };
-    const auto totals = FoldBlocks(df, BlockSums4(at(0), at(1), at(2), at(3)));
-    hn::Store(hn::Zero(df), df, sums);
-    hn::Store(totals, hn::CappedTag<float, 4>(), sums);
+    // (One store: a vector of zeros, then 4 lanes over it, left a caller's reload of
+    // the vector to wait for both.)
+    hn::Store(ZeroExtendFrom4(df, FoldBlocks(df, BlockSums4(at(0), at(1), at(2), at(3)))), df, sums);
     return;
   }
   for (int i = 0; i < M; i += N) {
@@ -239,9 +249,9 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
 }
 
 // Keys scored together (RowScoresFewRows) and vectors of dims accumulated per pass over
-// the keys (RowAccumulateFewRows) for R rows: as many as keep R times as many
-// accumulators, and the rows' vectors, within the vector registers (32 on AVX-512, 16
-// below).
+// the keys (RowAccumulateFewRows) for R rows, where ScoreKeys and the row groups do not
+// take other counts: as many as keep R times as many accumulators, and the rows'
+// vectors, within the vector registers (32 on AVX-512, 16 below).
 template <int R>
 constexpr int RegisterBlock() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -252,11 +262,12 @@ constexpr int RegisterBlock() {
 }
 
 // Keys RowScoresFewRows scores together for R rows of T: RegisterBlock<R>(), but one key,
-// its row read whole before the next, for float32 rows and 3 rows or more on AVX-512. A
-// step over a vector of dims of each of 4 keys in turn, 4 rows, read from memory ~10 %
-// slower (GB/s) than a key at a time, though it computes ~15 % faster in the cache
-// (docs/performance.md, "Whole rows in turn"). With 1 or 2 rows (fewer FMAs a key) a
-// key at a time was level or slower; other dtypes' rows were not measured that way.
+// its row read whole before the next, for float32 rows and 3 rows or more on AVX-512.
+// Steps over a vector of dims of each of 4 keys in turn read K from memory at ~35 GB/s
+// where whole rows in turn read ~53 (a stand-alone loop of the kernel's shape, two
+// threads, Zen 5: docs/performance.md, "Whole rows in turn"), though in the cache they
+// compute faster. With 1 or 2 rows (fewer FMAs a key) a key at a time was level or
+// slower; other dtypes' rows were not measured that way.
 template <int R, class T>
 constexpr int ScoreKeys() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -354,7 +365,7 @@ HWY_INLINE void AccumulateGroups(VF (&acc)[R][V], const float* HWY_RESTRICT pt, 
     VF x[V];
     for (int v = 0; v < V; ++v) {
       x[v] = WidenRow(RowAt<T>(v_rows, c) + d0 + v * N);
-      if (kFirst == 0) PrefetchLine(RowAt<T>(v_rows, c + RowsAhead<T>()), d0 + v * N);
+      if constexpr (kFirst == 0) PrefetchLine(RowAt<T>(v_rows, c + RowsAhead<T>()), d0 + v * N);
     }
     for (int r = 0; r < kRows; ++r) {
       const VF p = hn::Set(df, pt[c * ps + kFirst + r]);
@@ -366,13 +377,21 @@ HWY_INLINE void AccumulateGroups(VF (&acc)[R][V], const float* HWY_RESTRICT pt, 
   if constexpr (kFirst + G < R) AccumulateGroups<R, G, kFirst + G, V, T>(acc, pt, ps, v_rows, c0, c1, d0);
 }
 
+// Rows a group of RowAccumulateDims takes for V vectors of dims: all R, or with kGrouped
+// as many as keep 16 accumulators (2 at 8 vectors, 4 at 4, 8 at 2).
+template <int R, int V, bool kGrouped>
+constexpr int GroupRows() {
+  return kGrouped ? std::min(R, 16 / V) : R;
+}
+
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and the V·N dims
 // [d0, d0 + V·N) (v_rows[c]: value c's row, unit stride). The accumulators hold R rows ×
-// V vectors of dims over all the keys, then add into Oᵀ once per tile. With groups of G
-// < R rows, the keys go in chunks, every group over one chunk before the next.
-template <int R, int G, int V, class T>
+// V vectors of dims over all the keys, then add into Oᵀ once per tile. With groups of
+// fewer than R rows the keys go in chunks, every group over one chunk before the next.
+template <int R, int V, bool kGrouped, class T>
 HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                   std::int64_t cols, std::int64_t d0, float* HWY_RESTRICT ot, std::int64_t stride) {
+  constexpr int G = GroupRows<R, V, kGrouped>();
   const DF df;
   VF acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -386,52 +405,44 @@ HWY_INLINE void RowAccumulateDims(const float* HWY_RESTRICT pt, std::int64_t ps,
 // Oᵀ += … for the dims from d on, in blocks of V vectors, then V/2, …, 1, while whole
 // vectors remain (fewer passes over the keys than single vectors where Ev is not a
 // multiple of V vectors); d ends at the first dim past whole vectors.
-template <int R, int G, int V, class T>
+template <int R, int V, bool kGrouped, class T>
 HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
                                     std::int64_t cols, std::int64_t Ev, std::int64_t& d, float* HWY_RESTRICT ot,
                                     std::int64_t stride) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
-  for (; d + V * N <= Ev; d += V * N) RowAccumulateDims<R, G, V, T>(pt, ps, v_rows, cols, d, ot, stride);
-  if constexpr (V > 1) RowAccumulateBlocks<R, G, V / 2, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
-}
-
-// Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims, in
-// groups of G rows, V vectors of dims a pass.
-template <int R, int G, int V, class T>
-HWY_INLINE void RowAccumulateAll(const float* HWY_RESTRICT pt, std::int64_t ps, const std::byte* const* v_rows,
-                                 std::int64_t cols, std::int64_t Ev, float* HWY_RESTRICT ot, std::int64_t stride) {
-  std::int64_t d = 0;
-  RowAccumulateBlocks<R, G, V, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
-  for (; d < Ev; ++d)  // the dims past whole vectors
-    for (int r = 0; r < R; ++r) {
-      float sum = 0.0f;
-      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c), d);
-      ot[d * stride + r] += sum;
-    }
+  for (; d + V * N <= Ev; d += V * N) RowAccumulateDims<R, V, kGrouped, T>(pt, ps, v_rows, cols, d, ot, stride);
+  if constexpr (V > 1) RowAccumulateBlocks<R, V / 2, kGrouped, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
 }
 
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
-// float32 values on AVX-512: a pass reads each value whole where the accumulators allow
-// (16 vectors: 2 rows × 8 vectors, 4 × 4), the rows taken in groups over each chunk of
-// keys (the later groups read the chunk again from L1), rather than all R rows over a
-// part of each value's dims a pass; a pass over the first halves of a tile's values,
-// then one over the second halves, read from memory a few % slower (docs/performance.md,
-// "Whole rows in turn"). bfloat16 values read as fast either way from memory, and slower
-// in groups from the cache: they keep the passes over parts of their dims.
+// float32 values on AVX-512 with 3 rows or more: a pass reads each value whole where 16
+// accumulators allow (8 vectors: 2 rows; 4 vectors: 4 rows), the rows taken in groups
+// over each chunk of keys (the later groups read the chunk again, meant to come from L1),
+// rather than all R rows over a part of each value's dims a pass. Passes over the first
+// halves of a tile's values, then over the second halves, read from memory ~17 % slower
+// than whole rows (a stand-alone loop: docs/performance.md, "Whole rows in turn").
+// bfloat16 values read as fast either way from memory, and slower in groups from the
+// cache: they keep the passes over parts of their dims.
 template <int R, class T>
 HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride,
                                        const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev,
                                        float* HWY_RESTRICT ot, std::size_t rows) {
   const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  const std::int64_t vectors = Ev / static_cast<std::int64_t>(hn::Lanes(DF()));
-  if constexpr (R > 2 && sizeof(T) == 4) {
-    if (vectors >= 8) return RowAccumulateAll<R, 2, 8, T>(pt, ps, v_rows, cols, Ev, ot, stride);
-    if constexpr (R > 4)
-      if (vectors >= 4) return RowAccumulateAll<R, 4, 4, T>(pt, ps, v_rows, cols, Ev, ot, stride);
-  }
+  constexpr bool kGrouped = R > 2 && sizeof(T) == 4;
+  constexpr int kVectors = kGrouped ? 8 : RegisterBlock<R>();
+#else
+  constexpr bool kGrouped = false;
+  constexpr int kVectors = RegisterBlock<R>();
 #endif
-  RowAccumulateAll<R, R, RegisterBlock<R>(), T>(pt, ps, v_rows, cols, Ev, ot, stride);
+  std::int64_t d = 0;
+  RowAccumulateBlocks<R, kVectors, kGrouped, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
+  for (; d < Ev; ++d)  // the dims past whole vectors
+    for (int r = 0; r < R; ++r) {
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < cols; ++c) sum += pt[c * ps + r] * ToFloat(RowAt<T>(v_rows, c), d);
+      ot[d * stride + r] += sum;
+    }
 }
 
 // f(std::integral_constant<int, R>()) for the run-time row count R = rows, 1 <= rows <=
