@@ -662,9 +662,10 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
     // The other row counts: bfloat16's scores take vdpbf16ps where bf16::chosen()
     // (bf16::row_scores); on AVX-512, float32's P·V takes the rows in groups (2 rows for
     // 8 vectors of dims, 4 for 4, the last group smaller: RowAccumulateFewRows) over
-    // chunks of 32 keys (S = 150: a chunk ends mid-tile).
+    // chunks of 32 keys (S = 150: a chunk ends mid-tile). Ev = E + 3: 1, 2, 4, 8 and 8 + 4
+    // vectors of dims and a tail.
     for (DType dtype : {DType::float32, DType::bfloat16})
-      for (std::int64_t E : {17, 40, 61, 128})
+      for (std::int64_t E : {17, 40, 61, 128, 197})
         for (std::int64_t heads_q : {2, 3, 5, 7}) {
           Case c;
           c.dtype = dtype;

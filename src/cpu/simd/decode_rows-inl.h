@@ -177,8 +177,8 @@ HWY_INLINE void SumsOfLanes(const VF* acc, float* HWY_RESTRICT sums) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DF())), kBlocks = N / 4;
   if constexpr (M <= 4 && kBlocks > 1) {  // one vector's blocks: the other vectors' zeros not added
     const auto at = [&](int j) { return j < M ? acc[j] : hn::Zero(df); };
-    // (One store: a vector of zeros, then 4 lanes over it, left a caller's reload of
-    // the vector to wait for both.)
+    // (One store of the whole vector: two, zeros then 4 lanes over them, left a
+    // caller's reload of the vector waiting on both.)
     hn::Store(ZeroExtendFrom4(df, FoldBlocks(df, BlockSums4(at(0), at(1), at(2), at(3)))), df, sums);
     return;
   }
