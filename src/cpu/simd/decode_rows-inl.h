@@ -17,10 +17,8 @@
 // bf16::chosen() (bf16::row_scores, the same layout: simd/bf16_kernels.h), and int8 K
 // on vpdpwssd, the query rounded to int16 (int8::row_scores); its P·V of int8 V runs on
 // vpdpwssd too (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
-// On AVX-512, float32 rows are read whole, one after another, where the registers allow
-// it (ScoreKeys; the P·V's row groups over chunks of keys, GroupRows): on a Zen 5 the
-// order of a tile's loads set what the memory gave more than the requests ahead did
-// (docs/performance.md, "Whole rows in turn").
+// On AVX-512 float32 rows are read whole, in turn (ScoreKeys, GroupRows): the loads'
+// order set what the memory gave (docs/performance.md, "Whole rows in turn").
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
