@@ -17,7 +17,7 @@
 // bf16::chosen() (bf16::row_scores, the same layout: simd/bf16_kernels.h), and int8 K
 // on vpdpwssd, the query rounded to int16 (int8::row_scores); its P·V of int8 V runs on
 // vpdpwssd too (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
-// On AVX-512 float32 rows are read whole, in turn (ScoreKeys, GroupRows): the loads'
+// On AVX-512 float32 rows are read whole, in turn (WholeRows): the loads'
 // order set what the memory gave (docs/performance.md, "Whole rows in turn").
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
@@ -250,9 +250,8 @@ HWY_INLINE void RowScoreKeys(const float* HWY_RESTRICT q, std::int64_t E, const 
   }
 }
 
-// Keys scored together (RowScoresFewRows) and vectors of dims accumulated per pass over
-// the keys (RowAccumulateFewRows) for R rows, where ScoreKeys and the row groups do not
-// take other counts: as many as keep R times as many accumulators, and the rows'
+// Keys scored together and vectors of dims accumulated per pass over the keys for R rows
+// but where WholeRows: as many as keep R times as many accumulators, and the rows'
 // vectors, within the vector registers (32 on AVX-512, 16 below).
 template <int R>
 constexpr int RegisterBlock() {
@@ -263,19 +262,28 @@ constexpr int RegisterBlock() {
 #endif
 }
 
-// Keys RowScoresFewRows scores together for R rows of T: RegisterBlock<R>(), but one key,
-// its row read whole before the next, for float32 rows and 3 rows or more on AVX-512.
-// Steps over a vector of dims of each of 4 keys in turn read K from memory at ~35 GB/s
-// where whole rows in turn read ~53 (a stand-alone loop of the kernel's shape, two
-// threads, Zen 5: docs/performance.md, "Whole rows in turn"), though in the cache they
-// compute faster. With 1 or 2 rows (fewer FMAs a key) a key at a time was level or
-// slower; other dtypes' rows were not measured that way.
+// Whether the kernels read K and V rows of T whole, one after another, for R query rows:
+// float32 rows and 3 rows or more on AVX-512 — the scores a key at a time (ScoreKeys), the
+// P·V in row groups (GroupRows). Steps over a vector of dims of each of 4 keys in turn
+// read K from memory at ~35 GB/s where whole rows in turn read ~53 (a stand-alone loop of
+// the kernel's shape, two threads, Zen 5: docs/performance.md, "Whole rows in turn"),
+// though in the cache they compute faster. With 1 or 2 rows (fewer FMAs a key) a key at
+// a time was level or slower; bfloat16 values in groups too; other dtypes' rows were not
+// measured that way.
+template <int R, class T>
+constexpr bool WholeRows() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return sizeof(T) == 4 && R >= 3;
+#else
+  return false;
+#endif
+}
+
+// Keys RowScoresFewRows scores together for R rows of T: one where WholeRows, else
+// RegisterBlock<R>().
 template <int R, class T>
 constexpr int ScoreKeys() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if (sizeof(T) == 4 && R >= 3) return 1;
-#endif
-  return RegisterBlock<R>();
+  return WholeRows<R, T>() ? 1 : RegisterBlock<R>();
 }
 
 // Sᵀ of keys [0, cols) (k_rows[c]: key c's row, unit stride; k_scale[c] its scale, or
@@ -417,26 +425,18 @@ HWY_INLINE void RowAccumulateBlocks(const float* HWY_RESTRICT pt, std::int64_t p
 }
 
 // Oᵀ[d][r] += Σ_{c < cols} pt[c·pt_stride + r] · v_c[d] for R rows and all Ev dims.
-// float32 values on AVX-512 with 3 rows or more: a pass reads each value whole where 16
-// accumulators allow (8 vectors: 2 rows; 4 vectors: 4 rows), the rows taken in groups
-// over each chunk of keys (the later groups read the chunk again, meant to come from L1),
-// rather than all R rows over a part of each value's dims a pass. Passes over the first
-// halves of a tile's values, then over the second halves, read from memory ~17 % slower
-// than whole rows (a stand-alone loop: docs/performance.md, "Whole rows in turn").
-// bfloat16 values read as fast either way from memory, and slower in groups from the
-// cache: they keep the passes over parts of their dims.
+// Where WholeRows, a pass reads each value whole where 16 accumulators allow (8 vectors:
+// 2 rows; 4: 4 rows), the rows in groups over each chunk of keys (the later groups read
+// the chunk again, meant to come from L1), not all R rows over a part of each value's
+// dims a pass: passes over the halves of a tile's values read from memory ~17 % slower
+// (a stand-alone loop: docs/performance.md, "Whole rows in turn").
 template <int R, class T>
 HWY_NOINLINE void RowAccumulateFewRows(const float* HWY_RESTRICT pt, std::size_t pt_stride,
                                        const std::byte* const* v_rows, std::int64_t cols, std::int64_t Ev,
                                        float* HWY_RESTRICT ot, std::size_t rows) {
   const std::int64_t stride = static_cast<std::int64_t>(rows), ps = static_cast<std::int64_t>(pt_stride);
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  constexpr bool kGrouped = R > 2 && sizeof(T) == 4;
+  constexpr bool kGrouped = WholeRows<R, T>();
   constexpr int kVectors = kGrouped ? 8 : RegisterBlock<R>();
-#else
-  constexpr bool kGrouped = false;
-  constexpr int kVectors = RegisterBlock<R>();
-#endif
   std::int64_t d = 0;
   RowAccumulateBlocks<R, kVectors, kGrouped, T>(pt, ps, v_rows, cols, Ev, d, ot, stride);
   for (; d < Ev; ++d)  // the dims past whole vectors
