@@ -121,6 +121,21 @@ TEST(CpuForwardModifiers, WindowEdgesAroundTileBoundaries) {
       }
 }
 
+// The same for decode rows (4 heads × L = 2 on one KV head: the row kernels) and their
+// 192-key tiles: the window's edges just before, on and just after a tile boundary.
+TEST(CpuForwardModifiers, DecodeWindowEdgesAroundTileBoundaries) {
+  int n = 0;
+  for (std::int64_t left : {0, 191, 192, 193, 383})
+    for (std::int64_t right : {-1, 0, 191})
+      for (Alignment a : {Alignment::top_left, Alignment::bottom_right}) {
+        Case c;
+        c.dtype = DType::float32;
+        c.batch = {1}, c.heads_q = 4, c.heads_kv = 1, c.L = 2, c.S = 500, c.E = 16, c.Ev = 8;
+        c.window_left = left, c.window_right = right, c.alignment = a;
+        expect_cpu_agrees(c, ++n);
+      }
+}
+
 // Every window side in {−1, 0, 1, 3} with causal of either alignment, on the CPU.
 TEST(CpuForwardModifiers, SmallWindowsWithCausalMatchOracle) {
   int n = 0;

@@ -361,17 +361,21 @@ TEST(CpuForward, LargeLogitsStayFiniteWithinTheConditioningBound) {
 // α = 2^(m − m') is then exactly 0, and the first tile's contributions must be dropped
 // from Oᵀ, not kept. Every row of a subtile jumps together (the kernel once skipped the
 // rescale when α was 0 in every lane). Subtiles of 1, 2 and 3 row vectors (on AVX-512):
-// L = 16, 64, and 16 batch elements of 48 rows.
+// L = 16, 64, and 16 batch elements of 48 rows, over 96-key tiles; and decode rows (L =
+// 1 and 4: the row kernels) over their 192-key tiles.
 TEST(CpuForward, MaxJumpBetweenKeyTilesDropsTheEarlierKeys) {
-  for (auto [B, L] : {std::pair<std::int64_t, std::int64_t>{1, 16}, {1, 64}, {16, 48}}) {
+  struct Shape {
+    std::int64_t B, L, tile;
+  };
+  for (auto [B, L, tile] : {Shape{1, 16, 96}, {1, 64, 96}, {16, 48, 96}, {1, 1, 192}, {3, 4, 192}}) {
     SCOPED_TRACE("B = " + std::to_string(B) + ", L = " + std::to_string(L));
-    const std::int64_t S = 192;
+    const std::int64_t S = 2 * tile;
     Tensor q(DType::float32, {B, 1, L, 1}), k(DType::float32, {B, 1, S, 1}), v(DType::float32, {B, 1, S, 1});
     for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 1.0);
     for (std::int64_t j = 0; j < k.numel(); ++j) {
-      const bool later = j % S >= S / 2;  // the second 96-key tile
-      k.set(j, later ? 100.0 : 0.0);      // scores 0, then 100 (144 in log2 units)
-      v.set(j, later ? 0.0 : 1.0);        // so the output is e^-100-small, not 1
+      const bool later = j % S >= tile;  // the second tile
+      k.set(j, later ? 100.0 : 0.0);     // scores 0, then 100 (144 in log2 units)
+      v.set(j, later ? 0.0 : 1.0);       // so the output is e^-100-small, not 1
     }
     Options options;
     options.scale = 1.0;
@@ -643,8 +647,8 @@ TEST(CpuForward, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
 // a bfloat16 query's scores on vdpbf16ps where bf16::chosen(): both paths here where the
 // CPU has the instruction):
 // every head dim's tail against the vector width (Ev ≠ E), 1 to 8 rows, with and
-// without causal. S = 150 ends mid-tile, where the kernels' requests for the rows ahead
-// stop at the last key.
+// without causal. S = 342: a whole decode tile (kDecodeKeyTile, 192 keys) and one that
+// ends short, where the kernels' requests for the rows ahead stop at the last key.
 TEST(CpuForward, DecodeRowKernelsMatchOracle) {
   for_each_bfloat16_path([] {
     int n = 900;
@@ -655,14 +659,14 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
             Case c;
             c.dtype = dtype;
             c.batch = {2};
-            c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 150, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
+            c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = 342, c.E = E, c.Ev = E == 1 ? 5 : E + 3;
             c.causal = causal;
             expect_forward_agrees(c, ++n);
           }
     // The other row counts: bfloat16's scores take vdpbf16ps where bf16::chosen()
     // (bf16::row_scores); on AVX-512, float32's P·V takes the rows in groups (2 rows for
     // 8 vectors of dims, 4 for 4, the last group smaller: RowAccumulateFewRows) over
-    // chunks of 32 keys (S = 150: a chunk ends mid-tile). Ev = E + 3: 1, 2, 4, 8 and 8 + 4
+    // chunks of 32 keys (the last tile's 150 keys: a chunk ends short). Ev = E + 3: 1, 2, 4, 8 and 8 + 4
     // vectors of dims and a tail.
     for (DType dtype : {DType::float32, DType::bfloat16})
       for (std::int64_t E : {17, 40, 61, 128, 197})
@@ -670,7 +674,7 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
           Case c;
           c.dtype = dtype;
           c.batch = {2};
-          c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 150, c.E = E, c.Ev = E + 3;
+          c.heads_q = heads_q, c.heads_kv = 1, c.L = 1, c.S = 342, c.E = E, c.Ev = E + 3;
           expect_forward_agrees(c, ++n);
         }
   });

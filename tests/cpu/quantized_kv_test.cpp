@@ -199,7 +199,7 @@ TEST(QuantizedKV, EveryQueryDtypeMatchesOracle) {
   // vpdpwssd where the CPU has it: int8::row_scores, 16/R keys a block).
   for (std::int64_t rows : {1, 5, 7}) {
     Shape4 s;
-    s.L = 1, s.S = 150, s.Hq = rows, s.Hkv = 1, s.E = 40, s.Ev = 24;
+    s.L = 1, s.S = 342, s.Hq = rows, s.Hkv = 1, s.E = 40, s.Ev = 24;
     Quantized c = make_quantized(s, DType::bfloat16, ++n);
     expect_agrees(c, "bfloat16 rows " + std::to_string(rows));
   }
@@ -237,7 +237,8 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
 }
 
 // The decode microkernels (decode_rows-inl.h) take a task of few rows (group · L <=
-// kFewRows = 8): head dims with every tail against the vector width, K or V alone int8.
+// kFewRows = 8): head dims with every tail against the vector width, K or V alone int8;
+// S = 342, a whole 192-key decode tile (kDecodeKeyTile) and a shorter one.
 TEST(QuantizedKV, DecodeKernelHeadDimTailsMatchOracle) {
   int n = 600;
   for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
@@ -245,7 +246,7 @@ TEST(QuantizedKV, DecodeKernelHeadDimTailsMatchOracle) {
       for (std::int64_t L : {1, 3, 4})
         for (int which = 0; which < 3; ++which) {
           Shape4 s;
-          s.Hq = 4, s.Hkv = 2, s.L = L, s.S = 150, s.E = E, s.Ev = E == 1 ? 3 : E;
+          s.Hq = 4, s.Hkv = 2, s.L = L, s.S = 342, s.E = E, s.Ev = E == 1 ? 3 : E;
           Quantized c = make_quantized(s, dtype, ++n, which != 2, which != 1);
           c.options.causal = Causal::bottom_right;
           expect_agrees(c, std::string(dtype_name(dtype)) + " E " + std::to_string(E) + " L " + std::to_string(L) +

@@ -218,7 +218,7 @@ class Task {
     const std::int64_t end = std::min(key_end, key_limit);
     if (key_start < end) {
       PackBlock();
-      for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile)
+      for (std::int64_t j0 = FirstTile(key_begin, key_start, kKeyTile); j0 < end; j0 += kKeyTile)
         KeyTile(j0, std::min(kKeyTile, end - j0), row_count);
     } else {
       for (std::int64_t g = 0; g < subtiles_; ++g)

@@ -48,6 +48,13 @@ namespace simd {
 // 16 vector registers of AVX2).
 constexpr std::int64_t kFewRows = 8;
 
+// Keys per tile of a task whose rows take these kernels: twice the tile kernels'
+// kKeyTile. What a decode tile costs besides its keys' arithmetic — the row lists, the
+// softmax's reference update and Oᵀ's rescale, the kernels' entry and epilogue (int8:
+// its sums to float32, AddRowsTransposed) — is paid half as often; the tile kernels keep
+// 96, sized for L1 and L2 (docs/performance.md, "Decoding").
+constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
+
 // The kernels request row c + RowsAhead<T>'s lines while they compute with row c, so the
 // row lists they take hold RowsAhead<T> rows past the tile (the next tile's rows, for
 // int8 more).

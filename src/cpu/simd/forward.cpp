@@ -24,9 +24,9 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Per-target headers go after highway.h, inside the foreach_target loop.
-#include "cpu/simd/decode_rows-inl.h"  // kFewRows
+#include "cpu/simd/decode_rows-inl.h"  // kFewRows, kDecodeKeyTile
 #include "cpu/simd/forward_task-inl.h"
-#include "cpu/simd/microkernels-inl.h"  // kSubtiles, kKeyTile
+#include "cpu/simd/microkernels-inl.h"  // kSubtiles
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
@@ -39,7 +39,8 @@ void Forward(const Problem* problems, std::int64_t count, bool bf16_path) {
   const Problem& first = problems[0];
   const std::int64_t rows_per_task = kSubtiles * static_cast<std::int64_t>(kVectors * hn::Lanes(DF()));
   const std::int64_t state_size = kSubtiles * StateSize<kVectors>(first);  // one task's rows, one split
-  const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kKeyTile, state_size);
+  // (Splits of whole decode tiles, a multiple of kKeyTile too: no split ends a tile short.)
+  const ForwardSchedule schedule = schedule_forward(problems, count, rows_per_task, kDecodeKeyTile, state_size);
   if (schedule.plans.empty()) return;
   const int threads = Problem::threads_for(schedule.work, first.num_threads, omp_get_max_threads());
   // (m, l, Oᵀ) per (task, split) of the problems that split; aligned for whole-vector loads.

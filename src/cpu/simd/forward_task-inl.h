@@ -81,7 +81,7 @@ using namespace simd;  // NOLINT(google-build-using-namespace): the pieces share
 // bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h) where bf16::chosen(),
 // written for 32-row tiles of 16-lane vectors: the AVX-512 target's shape.
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
-static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kKeyTile,
+static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kDecodeKeyTile,
               "bf16::row_scores, int8::row_scores and row_accumulate take every decode task's rows and tiles");
 
 // One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
@@ -132,22 +132,26 @@ struct Scratch {
       t.q_hat = allocate_aligned<std::int16_t>(kFewRows * int8::QueryStride(p.E));
       t.rows.reserve(rows);
     }
-    st = allocate_aligned<float>(kKeyTile * rows);
-    zt = allocate_aligned<float>(p.dropout_p > 0.0 ? kKeyTile * rows : 1);
-    k_tile = allocate_aligned<float>(kKeyTile * p.E);
-    v_tile = allocate_aligned<float>(kKeyTile * Ev);
-    row_buffer = allocate_aligned<float>(std::max({kKeyTile, p.E, Ev}));  // a mask, query or output row
+    // A tile's keys: a decode task's longer tiles (whose V may still take the tile
+    // kernels, v_tile) or the tile kernels' (kKeyTile, the bfloat16 buffers below).
+    static_assert(kDecodeKeyTile >= kKeyTile);
+    const std::int64_t tile = kDecodeKeyTile;
+    st = allocate_aligned<float>(tile * rows);
+    zt = allocate_aligned<float>(p.dropout_p > 0.0 ? tile * rows : 1);
+    k_tile = allocate_aligned<float>(tile * p.E);
+    v_tile = allocate_aligned<float>(tile * Ev);
+    row_buffer = allocate_aligned<float>(std::max({tile, p.E, Ev}));  // a mask, query or output row
     alibi_lanes = allocate_aligned<float>(2 * rows);
     row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
     // (N more: the decode kernels read a vector of scales from any key of the tile, up
     // to N − 1 past it.)
-    const std::size_t scales = kKeyTile + hn::Lanes(DF());
+    const std::size_t scales = tile + hn::Lanes(DF());
     k_scale = allocate_aligned<float>(scales);
     v_scale = allocate_aligned<float>(scales);
     std::fill(k_scale.get(), k_scale.get() + scales, 0.0f);
     std::fill(v_scale.get(), v_scale.get() + scales, 0.0f);
-    k_rows.resize(kKeyTile + kMaxRowsAhead);
-    v_rows.resize(kKeyTile + kMaxRowsAhead);
+    k_rows.resize(tile + kMaxRowsAhead);
+    v_rows.resize(tile + kMaxRowsAhead);
     if (bf16_path) {
       pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
       k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
@@ -219,20 +223,19 @@ class Task {
     // The task's rows are its KV head's whole group (row0 is then 0): no other task reads
     // its K and V rows through the cache, so it requests each next tile (RequestTile).
     const bool whole_group = row_count == p_.heads_q / p_.heads_kv * p_.L;
-    for (std::int64_t j0 = FirstTile(key_begin, key_start); j0 < end; j0 += kKeyTile) {
-      const std::int64_t tile_cols = std::min(kKeyTile, end - j0);
+    for (std::int64_t j0 = FirstTile(key_begin, key_start, tile_); j0 < end; j0 += tile_) {
+      const std::int64_t tile_cols = std::min(tile_, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
-      const std::int64_t next = j0 + kKeyTile;
+      const std::int64_t next = j0 + tile_;
       const bool request = whole_group && next < end;
-      // (The kernels request row c + kKeyTile for each row c: only a whole next tile,
-      // so that no request passes the task's keys; a partial one takes the burst.)
-      const bool whole_next = next + kKeyTile <= end;
+      // (The kernels request row c + tile_ for each row c: only a whole next tile, so
+      // that no request passes the task's keys; a partial one takes the burst.)
+      const bool whole_next = next + tile_ <= end;
       key_ahead_ =
-          request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? kKeyTile * p_.key.row_stride : 0;
-      value_ahead_ = request && whole_next && few_values_ == 0 && TileKernelsRequest(p_.value)
-                         ? kKeyTile * p_.value.row_stride
-                         : 0;
-      if (request) RequestTile(next, std::min(kKeyTile, end - next));
+          request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? tile_ * p_.key.row_stride : 0;
+      value_ahead_ =
+          request && whole_next && few_values_ == 0 && TileKernelsRequest(p_.value) ? tile_ * p_.value.row_stride : 0;
+      if (request) RequestTile(next, std::min(tile_, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -281,6 +284,7 @@ class Task {
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
+    tile_ = few_keys_ > 0 || few_values_ > 0 ? kDecodeKeyTile : kKeyTile;
     // Both read in place, and no step that works lane by lane: the dense Sᵀ.
     const std::int64_t group = DenseGroup(row_count);
     const bool lanewise = p_.softcap > 0.0 || p_.has_alibi() || p_.dropout_p > 0.0 || p_.weights.present();
@@ -658,6 +662,7 @@ class Task {
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
+  std::int64_t tile_ = kKeyTile;                // keys per tile: kDecodeKeyTile for a decode-rows task
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   // The current tile's requests of the next one by the tile kernels, in elements of the

@@ -435,9 +435,9 @@ void AssignRows(const AnyProblem& p, std::int64_t b, std::int64_t head_kv, std::
 }
 
 // The first key tile to visit for rows that see nothing before `key_start`, in a loop
-// that starts at `begin` and steps by kKeyTile (tiles stay on that grid).
-inline std::int64_t FirstTile(std::int64_t begin, std::int64_t key_start) {
-  return key_start <= begin ? begin : begin + (key_start - begin) / kKeyTile * kKeyTile;
+// that starts at `begin` and steps by `tile` keys (tiles stay on that grid).
+inline std::int64_t FirstTile(std::int64_t begin, std::int64_t key_start, std::int64_t tile) {
+  return key_start <= begin ? begin : begin + (key_start - begin) / tile * tile;
 }
 
 }  // namespace simd
