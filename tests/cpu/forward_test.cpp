@@ -686,10 +686,12 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
 // and V keep the tiles, which copy them (read through a misaligned float pointer, the
 // kernels' scalar tails were undefined behaviour: UBSan's abort); bfloat16 and float16
 // rows are read as Highway's packed 2-byte structs (alignment 1), in place, by unaligned
-// vector loads. The output is the oracle's either way.
+// vector loads. The output is the oracle's either way. K or V alone misaligned: the
+// other read in place by the row kernels, over their 192-key tiles (S = 342: a whole
+// one and a shorter one), the misaligned one copied by the tiles' KeyValueRows.
 TEST(CpuForward, MisalignedKeysAndValuesOnTheDecodePathMatchOracle) {
   std::mt19937_64 rng(41);
-  const std::int64_t S = 150, E = 17;
+  const std::int64_t S = 342, E = 17;
   for (auto [dtype, offset] :
        {std::pair<DType, std::size_t>{DType::float32, 2}, {DType::bfloat16, 1}, {DType::float16, 1}}) {
     const Tensor q = random_tensor(dtype, {1, 4, 1, E}, rng), k = random_tensor(dtype, {1, 1, S, E}, rng),
@@ -704,6 +706,10 @@ TEST(CpuForward, MisalignedKeysAndValuesOnTheDecodePathMatchOracle) {
       options.causal = causal;
       const Agreement a = compare_with_oracle(q.view(), k_view, v_view, options);
       EXPECT_TRUE(a.ok()) << dtype_name(dtype) << ": " << a.describe();
+      const Agreement k_alone = compare_with_oracle(q.view(), k_view, v.view(), options);
+      EXPECT_TRUE(k_alone.ok()) << dtype_name(dtype) << ", K alone: " << k_alone.describe();
+      const Agreement v_alone = compare_with_oracle(q.view(), k.view(), v_view, options);
+      EXPECT_TRUE(v_alone.ok()) << dtype_name(dtype) << ", V alone: " << v_alone.describe();
     }
   }
 }
