@@ -15,6 +15,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -47,10 +48,14 @@ TEST(Int8Kernels, RowAccumulateWithinTheInt16RoundingBound) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<float> weight(0.0f, 3.0f);
   const std::int64_t ahead = 4;
-  for (std::int64_t cols : {1, 2, 37, 96})
+  // Strides: the rows packed (3, 5, 6, 7: no dense Sᵀ's), a dense Sᵀ's group (the rows
+  // rounded up to a power of two: a vector holds several keys, the padding rows NaN),
+  // a vector of rows (the tiles' Sᵀ). Up to a decode tile's 192 keys.
+  for (std::int64_t cols : {1, 2, 37, 96, 192})
     for (std::int64_t Ev : {1, 17, 32, 33, 64, 100, 128, 130})
       for (std::int64_t rows = 1; rows <= kMaxRows; ++rows)
-        for (std::int64_t stride : {rows, std::int64_t{16}}) {
+        for (std::int64_t stride :
+             {rows, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(rows))), std::int64_t{16}}) {
           SCOPED_TRACE(testing::Message()
                        << "cols " << cols << " Ev " << Ev << " rows " << rows << " stride " << stride);
           const Values v = random_values(cols + ahead, Ev, rng);
@@ -85,6 +90,28 @@ TEST(Int8Kernels, RowAccumulateWithinTheInt16RoundingBound) {
         }
 }
 
+// A dense Sᵀ's weights (a vector of several keys: pack_dense_weights) and the same
+// weights a key a vector (pack_weights) are the same products and roundings: the same
+// bits, for every row count and a tile's last odd key.
+TEST(Int8Kernels, DenseAndStridedWeightsGiveTheSameBits) {
+  SKIP_WITHOUT_VNNI();
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> weight(-2.0f, 2.0f);
+  const std::int64_t Ev = 100, ahead = 2;
+  for (std::int64_t cols : {1, 37, 192})
+    for (std::int64_t rows = 1; rows <= kMaxRows; ++rows) {
+      const auto dense = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(rows)));
+      const Values v = random_values(cols + ahead, Ev, rng);
+      std::vector<float> packed(cols * dense, 0.0f), strided(cols * 16, 0.0f);
+      for (std::int64_t c = 0; c < cols; ++c)
+        for (std::int64_t r = 0; r < rows; ++r) packed[c * dense + r] = strided[c * 16 + r] = weight(rng);
+      std::vector<float> a(rows * Ev), b(rows * Ev);
+      ASSERT_TRUE(row_accumulate(packed.data(), dense, rows, v.pointers.data(), cols, Ev, ahead, a.data()));
+      ASSERT_TRUE(row_accumulate(strided.data(), 16, rows, v.pointers.data(), cols, Ev, ahead, b.data()));
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "cols " << cols << " rows " << rows;
+    }
+}
+
 TEST(Int8Kernels, RowAccumulateRefusesWeightsItCannotRound) {
   SKIP_WITHOUT_VNNI();
   std::mt19937_64 rng(8);
@@ -93,17 +120,20 @@ TEST(Int8Kernels, RowAccumulateRefusesWeightsItCannotRound) {
   // Not finite (NaN of either sign and any payload: pack_weights compares |w|'s bits as
   // integers); and a row whose largest is tiny but not 0 (32767 / max would overflow),
   // subnormal or not.
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                    std::bit_cast<float>(std::uint32_t{0x7fffffff}), std::bit_cast<float>(std::uint32_t{0xff800001}),
-                    std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1e-35f, 0x1p-97f,
-                    -0x1p-97f, 1e-40f}) {
-    std::vector<float> wt(cols * rows, 0.5f);
-    for (std::int64_t c = 0; c < cols; ++c) wt[c * rows + 3] = std::isfinite(bad) ? bad : 0.0f;
-    wt[5 * rows + 3] = bad;
-    std::vector<float> out(rows * Ev, -1.0f);
-    EXPECT_FALSE(row_accumulate(wt.data(), rows, rows, v.pointers.data(), cols, Ev, 2, out.data())) << bad;
-    for (float x : out) ASSERT_EQ(x, -1.0f);
-  }
+  // A dense Sᵀ (stride 4, a vector of 4 keys) and the tiles' (stride 16, a key a vector).
+  for (std::int64_t stride : {rows, std::int64_t{16}})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                      std::bit_cast<float>(std::uint32_t{0x7fffffff}), std::bit_cast<float>(std::uint32_t{0xff800001}),
+                      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 1e-35f, 0x1p-97f,
+                      -0x1p-97f, 1e-40f}) {
+      std::vector<float> wt(cols * stride, 0.5f);
+      for (std::int64_t c = 0; c < cols; ++c) wt[c * stride + 3] = std::isfinite(bad) ? bad : 0.0f;
+      wt[5 * stride + 3] = bad;
+      std::vector<float> out(rows * Ev, -1.0f);
+      EXPECT_FALSE(row_accumulate(wt.data(), stride, rows, v.pointers.data(), cols, Ev, 2, out.data()))
+          << bad << " stride " << stride;
+      for (float x : out) ASSERT_EQ(x, -1.0f);
+    }
   // The smallest largest weight it takes: σ stays a normal float, and the sums hold.
   std::vector<float> wt(cols * rows, 0x1p-96f);
   std::vector<float> out(rows * Ev, -1.0f);

@@ -29,11 +29,20 @@ namespace {
 static_assert(kMaxKeys / 2 * 2.0 * 32767 * 128 < 2147483648.0, "int32 sums must not overflow");
 static_assert(kMaxQueryDims * static_cast<double>(kQueryLargest) * 128 < 2147483648.0, "nor the scores'");
 
-// pairs[k·kMaxRows + r] = (ŵ[r][2k], ŵ[r][2k+1]) as int16 halves (low, high) and sigma[r],
-// for the R rows: ŵ = round(w / σ_r), σ_r = max_c |w[r][c]| / 32767 (0 for a row of
-// zeros). False when some weight is not finite, or a row's largest is below
+// The weight pairs' stride (pack_weights): R rounded up to a power of two, a dense Sᵀ's
+// group (decode_softmax-inl.h), so that a dense Sᵀ's pairs come out of one vector whole.
+template <int R>
+constexpr int kPairStride = R <= 1   ? 1
+                            : R <= 2 ? 2
+                            : R <= 4 ? 4
+                                     : 8;
+
+// pairs[k·kPairStride<R> + r] = (ŵ[r][2k], ŵ[r][2k+1]) as int16 halves (low, high) and
+// sigma[r], for the R rows: ŵ = round(w / σ_r), σ_r = max_c |w[r][c]| / 32767 (0 for a
+// row of zeros). False when some weight is not finite, or a row's largest is below
 // kSmallestLargest but not 0: there 32767 / max would overflow float32 (to +inf, and the
 // row's tile would add nothing) or σ be subnormal (0 under a caller's flush-to-zero).
+// (Writes up to 8 pairs' worth past the last pair's rows.)
 constexpr float kSmallestLargest = 0x1p-96f;
 template <int R>
 SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std::int64_t cols, std::int32_t* pairs,
@@ -64,7 +73,66 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
             ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskz_loadu_ps(kRows, wt + (c + 1) * wt_stride), inverse))
             : _mm256_setzero_si256();
     const __m256i pair = _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(odd, 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + (c / 2) * kMaxRows), pair);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + (c / 2) * kPairStride<R>), pair);
+  }
+  return true;
+}
+
+// Word i of a vector of a dense Sᵀ's rounded weights is key i / G's row i mod G; dword t
+// of the pairs takes key 2j's and key 2j + 1's of row r, t = j·G + r.
+template <int G>
+constexpr std::array<std::int16_t, 16> PairWords() {
+  std::array<std::int16_t, 16> word{};
+  for (int t = 0; t < 8; ++t) {
+    word[2 * t] = static_cast<std::int16_t>(2 * (t / G) * G + t % G);
+    word[2 * t + 1] = static_cast<std::int16_t>((2 * (t / G) + 1) * G + t % G);
+  }
+  return word;
+}
+
+// pack_weights for a dense Sᵀ (wt_stride = kPairStride<R> = G): a vector holds 16 / G
+// keys' G rows, so the max and the rounding take a load a vector, not a key, and a
+// vector's pairs come out of one permutation of its rounded words (the one-key loads
+// were ~20 % of an int8 decode's P·V in cache). The same products and roundings as
+// pack_weights, so the same bits.
+template <int R>
+SDPA_INT8_TARGET bool pack_dense_weights(const float* wt, std::int64_t cols, std::int32_t* pairs, float* sigma) {
+  constexpr int G = kPairStride<R>, kKeys = 16 / G;
+  constexpr __mmask16 kRowLanes = [] {  // lanes i with i mod G < R: the padding rows' are not read
+    unsigned mask = 0;
+    for (int i = 0; i < 16; ++i) mask |= (i % G < R ? 1u : 0u) << i;
+    return static_cast<__mmask16>(mask);
+  }();
+  const auto lanes = [&](std::int64_t c) {  // the lanes of keys c .. c + kKeys − 1 below cols
+    const std::int64_t n = std::min<std::int64_t>(16, (cols - c) * G);
+    return static_cast<__mmask16>(kRowLanes & ((1u << n) - 1));
+  };
+  // |w|'s bits' max, as pack_weights; then each lane the max of its row's lanes (lane i:
+  // row i mod G), by rotations of multiples of G.
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i most = _mm512_setzero_si512();
+  for (std::int64_t c = 0; c < cols; c += kKeys)
+    most = _mm512_max_epi32(
+        most, _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(c), wt + c * G)), magnitude));
+  if constexpr (G <= 8) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 8));
+  if constexpr (G <= 4) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 4));
+  if constexpr (G <= 2) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 2));
+  if constexpr (G <= 1) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 1));
+  __mmask16 bad = _mm512_cmpgt_epi32_mask(most, _mm512_castps_si512(_mm512_set1_ps(3.4028235e38f)));
+  const __m512 largest = _mm512_castsi512_ps(most);
+  const __mmask16 nonzero = _mm512_cmp_ps_mask(largest, _mm512_setzero_ps(), _CMP_GT_OQ);
+  bad |= nonzero & _mm512_cmp_ps_mask(largest, _mm512_set1_ps(kSmallestLargest), _CMP_LT_OQ);
+  if (bad) return false;
+  const __m512 inverse = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(32767.0f), largest);  // lane i: row i mod G's
+  _mm512_mask_storeu_ps(sigma, static_cast<__mmask16>((1u << R) - 1), _mm512_div_ps(largest, _mm512_set1_ps(32767.0f)));
+  alignas(32) static constexpr std::array<std::int16_t, 16> kPairWords = PairWords<G>();
+  const __m256i order = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPairWords.data()));
+  for (std::int64_t c = 0; c < cols; c += kKeys) {
+    // (cvtps_epi32 rounds to nearest, even, under the default MXCSR; |ŵ| <= 32767, so
+    // vpmovdw's truncation to the low 16 bits keeps it, as pack_weights' mask does.)
+    const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(c), wt + c * G), inverse));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + (c / 2) * G),
+                        _mm256_permutexvar_epi16(order, _mm512_cvtepi32_epi16(rounded)));
   }
   return true;
 }
@@ -104,7 +172,7 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void add_pair(__m512i (&a
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const __m512i w = _mm512_set1_epi32(pairs[(c / 2) * kMaxRows + r]);
+    const __m512i w = _mm512_set1_epi32(pairs[(c / 2) * kPairStride<R> + r]);
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) acc[r][v] = dpwssd(acc[r][v], x[v], w);
   }
@@ -154,8 +222,10 @@ template <int R>
 SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, const std::byte* const* v_rows,
                                       std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
   alignas(32) std::int32_t pairs[(kMaxKeys / 2) * kMaxRows];
-  alignas(32) float sigma[kMaxRows];
-  if (!pack_weights<R>(wt, wt_stride, cols, pairs, sigma)) return false;
+  alignas(64) float sigma[kMaxRows];
+  const bool packed = wt_stride == kPairStride<R> ? pack_dense_weights<R>(wt, cols, pairs, sigma)
+                                                  : pack_weights<R>(wt, wt_stride, cols, pairs, sigma);
+  if (!packed) return false;
   // As many vectors of dims per pass over the keys as keep 16 accumulators (an even
   // count, at most the 8 of 128 dims), then 4 (64 dims: a shorter head's 4 chains, not
   // 2), then 32 dims a pass, the last masked.
