@@ -67,7 +67,9 @@ constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
 // an S = 65536 float32 call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms
 // at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128 (bfloat16 15.2 → 14.1 ms; float16, builds
 // alternating, 10.8 → 9.9). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3 at 128, 96 and
-// 256 no better: docs/performance.md, "Decoding").
+// 256 no better: docs/performance.md, "Decoding"). Since the decode tiles grew to 192
+// keys (kDecodeKeyTile) that is half a tile: 192 rows ahead, and int8's 256, were no
+// faster on the Zen 5.
 constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : kKeyTile; }
 template <class T>
 constexpr std::int64_t RowsAhead() {

@@ -32,7 +32,8 @@
 // bfloat16 query's scores on vdpbf16ps against bfloat16 K where bf16::chosen(),
 // bf16::row_scores, or on vpdpwssd against int8 K, int8::row_scores, and its P·V of int8
 // V on vpdpwssd, int8::row_accumulate), and, without lane-by-lane modifiers, runs the
-// softmax on a dense Sᵀ (several keys a vector).
+// softmax on a dense Sᵀ (several keys a vector); its key tiles are twice as long
+// (kDecodeKeyTile).
 //
 // Included once per Highway target by forward.cpp alone (hence the toggling include
 // guard, Highway's convention for per-target headers, and the anonymous namespace: its
