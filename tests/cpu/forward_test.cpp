@@ -664,11 +664,12 @@ TEST(CpuForward, DecodeRowKernelsMatchOracle) {
             expect_forward_agrees(c, ++n);
           }
     // The other row counts: bfloat16's scores take vdpbf16ps where bf16::chosen()
-    // (bf16::row_scores); on AVX-512, float32's P·V takes the rows in groups (2 rows for
-    // 8 vectors of dims, 4 for 4, the last group smaller: RowAccumulateFewRows) over
-    // chunks of 32 keys (the last tile's 150 keys: a chunk ends short). Ev = E + 3: 1, 2, 4, 8 and 8 + 4
-    // vectors of dims and a tail.
-    for (DType dtype : {DType::float32, DType::bfloat16})
+    // (bf16::row_scores); on AVX-512, the P·V takes the rows in groups (2 rows for 8
+    // vectors of dims, 4 for 4, the last group smaller: RowAccumulateFewRows; float32 from
+    // 3 rows, bfloat16 and float16 at 3 and 4: WholeRows) over chunks of 32 keys (the last
+    // tile's 150 keys: a chunk ends short). Ev = E + 3: 1, 2, 4, 8 and 8 + 4 vectors of
+    // dims and a tail.
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16})
       for (std::int64_t E : {17, 40, 61, 128, 197})
         for (std::int64_t heads_q : {2, 3, 5, 7}) {
           Case c;
