@@ -62,6 +62,9 @@ ForwardSchedule schedule_forward(const Problem* problems, std::int64_t count, st
     plan.tasks = p.batch * p.heads_kv * plan.tiles;
     plan.splits = forward_key_splits(p, plan.tasks);
     plan.split_keys = round_up(p.S / plan.splits, key_tile);
+    // Rounding up to whole tiles can leave the last splits no keys (S = 67616 in 32
+    // splits of 2304: 29 full, one short, two empty): as many splits as the keys fill.
+    if (plan.splits > 1) plan.splits = (p.S + plan.split_keys - 1) / plan.split_keys;
     schedule.units += plan.tasks * plan.splits;
     if (plan.splits > 1) {
       schedule.merges += plan.tasks;

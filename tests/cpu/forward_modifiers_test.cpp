@@ -122,11 +122,14 @@ TEST(CpuForwardModifiers, WindowEdgesAroundTileBoundaries) {
 }
 
 // The same for decode rows (4 heads × L = 2 on one KV head: the row kernels) and their
-// 192-key tiles: the window's edges just before, on and just after a tile boundary.
+// 192-key tiles, S = 500: the window's edges just before, on and just after the tile
+// boundaries 192 and 384 — bottom-right, the diagonal at 498 and 499, left edges at
+// 498 − left (115 ± 1 puts them at 382–385, 307 ± 1 at 190–193); top-left, the diagonal
+// at 0 and 1, right edges at 190–193.
 TEST(CpuForwardModifiers, DecodeWindowEdgesAroundTileBoundaries) {
   int n = 0;
-  for (std::int64_t left : {0, 191, 192, 193, 383})
-    for (std::int64_t right : {-1, 0, 191})
+  for (std::int64_t left : {0, 114, 115, 116, 306, 307, 308})
+    for (std::int64_t right : {-1, 0, 190, 191})
       for (Alignment a : {Alignment::top_left, Alignment::bottom_right}) {
         Case c;
         c.dtype = DType::float32;

@@ -2,7 +2,7 @@
 // sums of the unrounded weights, within the bound its int16 rounding allows (σ_r / 2 per
 // weight, docs/numerics.md) and float32's rounding of the scaling: every row count, each
 // row's weights at its own scale (so one σ for all rows fails), head dims on and off its
-// 32-dim step, 1 to 96 keys, both weight layouts, -128 and 127 among the values, a row of
+// 32-dim step, 1 to 256 keys (kMaxKeys), the three weight layouts, -128 and 127 among the values, a row of
 // zero weights and negative ones, a sentinel past the output; and weights it must refuse,
 // writing nothing: not finite, or a row's largest below 2^-96. The scores: the query's
 // rounding (pack_query) and the exact integer sums (row_scores), below.
@@ -50,8 +50,8 @@ TEST(Int8Kernels, RowAccumulateWithinTheInt16RoundingBound) {
   const std::int64_t ahead = 4;
   // Strides: the rows packed (3, 5, 6, 7: no dense Sᵀ's), a dense Sᵀ's group (the rows
   // rounded up to a power of two: a vector holds several keys, the padding rows NaN),
-  // a vector of rows (the tiles' Sᵀ). Up to a decode tile's 192 keys.
-  for (std::int64_t cols : {1, 2, 37, 96, 192})
+  // a vector of rows (the tiles' Sᵀ). Up to kMaxKeys = 256 keys (a decode tile: 192).
+  for (std::int64_t cols : {1, 2, 37, 96, 192, 255, 256})
     for (std::int64_t Ev : {1, 17, 32, 33, 64, 100, 128, 130})
       for (std::int64_t rows = 1; rows <= kMaxRows; ++rows)
         for (std::int64_t stride :

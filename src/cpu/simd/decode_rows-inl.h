@@ -17,8 +17,9 @@
 // bf16::chosen() (bf16::row_scores, the same layout: simd/bf16_kernels.h), and int8 K
 // on vpdpwssd, the query rounded to int16 (int8::row_scores); its P·V of int8 V runs on
 // vpdpwssd too (int8::row_accumulate, simd/int8_kernels.h; AddRowsTransposed below).
-// On AVX-512 float32 rows are read whole, in turn (WholeRows): the loads'
-// order set what the memory gave (docs/performance.md, "Whole rows in turn").
+// On AVX-512 float32 rows (and bfloat16 and float16 ones for 3 or 4 query rows) are read
+// whole, in turn (WholeRows): the loads' order set what the memory gave
+// (docs/performance.md, "Whole rows in turn").
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
 // toggling include guard, Highway's convention for per-target headers).
 #if defined(SDPA_CPU_SIMD_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -60,17 +61,15 @@ constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
 // int8 more).
 // Requests spread over the arithmetic keep the memory busy while it runs; a burst of
 // the next tile's lines at the tile's start (an earlier way) left the two in turn.
-// float32, bfloat16 and float16 rows: a whole key tile ahead (96 rows, 48 KiB for float32
-// at E = 128), so every K (V) row of a tile is requested while the tile before computes
-// with its K (V) rows. At 32 rows ahead, a tile's K rows past its first 32 were
-// requested only 32 rows before their turn, the V phase between having made no K request:
-// an S = 65536 float32 call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms
-// at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128 (bfloat16 15.2 → 14.1 ms; float16, builds
-// alternating, 10.8 → 9.9). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3 at 128, 96 and
-// 256 no better: docs/performance.md, "Decoding"). Since the decode tiles grew to 192
-// keys (kDecodeKeyTile) that is half a tile: 192 rows ahead, and int8's 256, were no
-// faster on the Zen 5.
-constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : kKeyTile; }
+// float32, bfloat16 and float16 rows: 96 rows ahead (48 KiB for float32 at E = 128), a
+// whole tile when the decode tiles were 96 keys, so that every K (V) row of a tile was
+// requested while the tile before computed with its K (V) rows. At 32 rows ahead, a tile's K rows past its first 32
+// were requested only 32 rows before their turn, the V phase between having made no K request: an S = 65536 float32
+// call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128
+// (bfloat16 15.2 → 14.1 ms; float16, builds alternating, 10.8 → 9.9). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3
+// at 128, 96 and 256 no better: docs/performance.md, "Decoding"). Since the decode tiles grew to 192 keys
+// (kDecodeKeyTile), 96 is half a tile: 192 rows ahead, and int8's 256, were no faster on the Zen 5.
+constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : 96; }
 template <class T>
 constexpr std::int64_t RowsAhead() {
   return RowsAheadOf(sizeof(T));
@@ -272,15 +271,19 @@ constexpr int RegisterBlock() {
 }
 
 // Whether the kernels read K and V rows of T whole, one after another, for R query rows:
-// float32 rows and 3 rows or more on AVX-512 — the scores a key at a time (ScoreKeys), the
+// on AVX-512, float32 rows and 3 rows or more, bfloat16 and float16 rows and 3 or 4 rows
+// — the scores a key at a time (ScoreKeys; a bfloat16 query against bfloat16 K where
+// bf16::chosen() takes bf16::row_scores instead, which holds the query likewise), the
 // P·V in row groups (GroupRows). Steps over a vector of dims of each of 4 keys in turn
 // read K from memory at ~35 GB/s where whole rows in turn read ~53 (a stand-alone loop of
 // the kernel's shape, two threads, Zen 5: docs/performance.md, "Whole rows in turn"),
 // though in the cache they compute faster. With 1 or 2 rows (fewer FMAs a key) a key at
-// a time was level or slower. bfloat16 and float16 rows of 3 or 4 rows since the 192-key
-// decode tiles (with 96-key tiles bfloat16 values in groups were level from memory):
-// bfloat16 GQA 32/8 from memory +16 %, 6 % slower in cache; with 8 rows (4 groups, each
-// widening the chunk's values again) 5–10 % slower.
+// a time was level or slower. bfloat16 and float16 rows since the 192-key decode tiles
+// (with 96-key tiles bfloat16 values in groups were level from memory): on the Zen 5,
+// bfloat16 GQA 32/8 from memory +16 % in the host's slower memory phase, 7 % slower in
+// its faster one and 6 % in cache; with 8 rows (4 groups, each widening the chunk's
+// values again) 5–10 % slower. (Not measured on Intel, where bfloat16 scores take
+// ScoreKeys too.)
 template <int R, class T>
 constexpr bool WholeRows() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3

@@ -133,8 +133,9 @@ struct Scratch {
       t.q_hat = allocate_aligned<std::int16_t>(kFewRows * int8::QueryStride(p.E));
       t.rows.reserve(rows);
     }
-    // A tile's keys: a decode task's longer tiles (whose V may still take the tile
-    // kernels, v_tile) or the tile kernels' (kKeyTile, the bfloat16 buffers below).
+    // A tile's keys: a decode task's longer tiles (whose K or V may still take the tile
+    // kernels: k_tile, v_tile, a tile-layout Sᵀ) or the tile kernels' (kKeyTile, the
+    // bfloat16 buffers below).
     static_assert(kDecodeKeyTile >= kKeyTile);
     const std::int64_t tile = kDecodeKeyTile;
     st = allocate_aligned<float>(tile * rows);
@@ -229,8 +230,9 @@ class Task {
       const KeyRows k = LoadKeys(j0, tile_cols, end);
       const std::int64_t next = j0 + tile_;
       const bool request = whole_group && next < end;
-      // (The kernels request row c + tile_ for each row c: only a whole next tile, so
-      // that no request passes the task's keys; a partial one takes the burst.)
+      // (The tile kernels request row c + tile_ for each row c, tile_ = kKeyTile there:
+      // only a whole next tile, so that no request passes the task's keys; a partial one
+      // takes the burst.)
       const bool whole_next = next + tile_ <= end;
       key_ahead_ =
           request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? tile_ * p_.key.row_stride : 0;

@@ -42,7 +42,8 @@ constexpr int kPairStride = R <= 1   ? 1
 // row of zeros). False when some weight is not finite, or a row's largest is below
 // kSmallestLargest but not 0: there 32767 / max would overflow float32 (to +inf, and the
 // row's tile would add nothing) or σ be subnormal (0 under a caller's flush-to-zero).
-// (Writes up to 8 pairs' worth past the last pair's rows.)
+// (Writes 8 int32 from each pair's row 0: up to 8 − R past the last pair's rows; pairs
+// holds (kMaxKeys / 2) · kMaxRows, room for that at every R up to kMaxKeys keys.)
 constexpr float kSmallestLargest = 0x1p-96f;
 template <int R>
 SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std::int64_t cols, std::int32_t* pairs,
@@ -94,7 +95,8 @@ constexpr std::array<std::int16_t, 16> PairWords() {
 // keys' G rows, so the max and the rounding take a load a vector, not a key, and a
 // vector's pairs come out of one permutation of its rounded words (the one-key loads
 // were ~20 % of an int8 decode's P·V in cache). The same products and roundings as
-// pack_weights, so the same bits.
+// pack_weights, so the same bits. (Writes 8 int32 a vector: the last may reach a vector
+// past the last pair, (kMaxKeys / 2) · kMaxRows at kMaxKeys keys, pairs' size.)
 template <int R>
 SDPA_INT8_TARGET bool pack_dense_weights(const float* wt, std::int64_t cols, std::int32_t* pairs, float* sigma) {
   constexpr int G = kPairStride<R>, kKeys = 16 / G;
@@ -110,16 +112,20 @@ SDPA_INT8_TARGET bool pack_dense_weights(const float* wt, std::int64_t cols, std
   // |w|'s bits' max, as pack_weights; then each lane the max of its row's lanes (lane i:
   // row i mod G), by rotations of multiples of G.
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-  __m512i most = _mm512_setzero_si512();
+  __m512i largest_bits = _mm512_setzero_si512();
   for (std::int64_t c = 0; c < cols; c += kKeys)
-    most = _mm512_max_epi32(
-        most, _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(c), wt + c * G)), magnitude));
-  if constexpr (G <= 8) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 8));
-  if constexpr (G <= 4) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 4));
-  if constexpr (G <= 2) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 2));
-  if constexpr (G <= 1) most = _mm512_max_epi32(most, _mm512_alignr_epi32(most, most, 1));
-  __mmask16 bad = _mm512_cmpgt_epi32_mask(most, _mm512_castps_si512(_mm512_set1_ps(3.4028235e38f)));
-  const __m512 largest = _mm512_castsi512_ps(most);
+    largest_bits = _mm512_max_epi32(
+        largest_bits, _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(lanes(c), wt + c * G)), magnitude));
+  if constexpr (G <= 8)
+    largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 8));
+  if constexpr (G <= 4)
+    largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 4));
+  if constexpr (G <= 2)
+    largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 2));
+  if constexpr (G <= 1)
+    largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 1));
+  __mmask16 bad = _mm512_cmpgt_epi32_mask(largest_bits, _mm512_castps_si512(_mm512_set1_ps(3.4028235e38f)));
+  const __m512 largest = _mm512_castsi512_ps(largest_bits);
   const __mmask16 nonzero = _mm512_cmp_ps_mask(largest, _mm512_setzero_ps(), _CMP_GT_OQ);
   bad |= nonzero & _mm512_cmp_ps_mask(largest, _mm512_set1_ps(kSmallestLargest), _CMP_LT_OQ);
   if (bad) return false;
@@ -222,7 +228,7 @@ template <int R>
 SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, const std::byte* const* v_rows,
                                       std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
   alignas(32) std::int32_t pairs[(kMaxKeys / 2) * kMaxRows];
-  alignas(64) float sigma[kMaxRows];
+  alignas(32) float sigma[kMaxRows];
   const bool packed = wt_stride == kPairStride<R> ? pack_dense_weights<R>(wt, cols, pairs, sigma)
                                                   : pack_weights<R>(wt, wt_stride, cols, pairs, sigma);
   if (!packed) return false;

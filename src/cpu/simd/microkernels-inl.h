@@ -143,7 +143,8 @@ constexpr std::int64_t TailBlock(std::int64_t cols) {
 }
 
 // Columns of Sᵀ that ScoreTile writes for a tile of `cols` keys: at least cols, at most
-// RoundUp(cols, kKeyBlockOf<Vectors>) (within a tile's kKeyTile).
+// RoundUp(cols, kKeyBlockOf<Vectors>) (within a tile: kKeyTile, or a decode task's
+// kDecodeKeyTile, both multiples of the key blocks).
 template <std::size_t Vectors>
 constexpr std::int64_t ScoreTileColumns(std::int64_t cols) {
   constexpr auto kKeys = static_cast<std::int64_t>(kKeyBlockOf<Vectors>);
