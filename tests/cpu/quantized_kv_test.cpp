@@ -236,6 +236,29 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
   }
 }
 
+// Scores that rise from one 192-key decode tile to the next, each query row at its own
+// pace (by ~4, 9, 13 and 17 a tile in log2 units, then by ~45 to ~180 into the last,
+// short tile): the softmax's reference max moves (by more than 8, NextReferenceMax), so
+// the int8 P·V's rows, summed row-major over the task's tiles, must be rescaled with Oᵀ
+// (and dropped where α = 2^(m − m') is 0).
+TEST(QuantizedKV, DecodeScoresRisingAcrossTilesMatchOracle) {
+  Shape4 s;
+  s.Hq = 4, s.Hkv = 1, s.L = 1, s.S = 4 * 192 + 50, s.E = 16, s.Ev = 24;
+  Quantized c = make_quantized(s, DType::bfloat16, 77);
+  for (std::int64_t h = 0; h < s.Hq; ++h)
+    for (std::int64_t e = 0; e < s.E; ++e) c.q.set(h * s.E + e, 0.25 * static_cast<double>(h + 1));
+  std::mt19937_64 rng(78);
+  std::uniform_real_distribution<double> noise(-0.3, 0.3);
+  for (std::int64_t j = 0; j < s.S; ++j) {
+    const std::int64_t tile = j / 192;
+    const double level = tile == 4 ? 40.0 : 3.0 * static_cast<double>(tile);
+    for (std::int64_t e = 0; e < s.E; ++e) c.k.set(j * s.E + e, level + noise(rng));
+  }
+  c.k8 = quantize_kv(c.k.view());
+  c.options.key_scale = c.k8.scale.view();
+  expect_agrees(c, "rising");
+}
+
 // The decode microkernels (decode_rows-inl.h) take a task of few rows (group · L <=
 // kFewRows = 8): head dims with every tail against the vector width, K or V alone int8;
 // S = 342, a whole 192-key decode tile (kDecodeKeyTile) and a shorter one.

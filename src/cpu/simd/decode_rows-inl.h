@@ -369,6 +369,17 @@ HWY_INLINE void AddRowsTransposed(const float* HWY_RESTRICT o, std::int64_t Ev, 
     for (int r = 0; r < R; ++r) ot[d * stride + r] += o[r * Ev + d];
 }
 
+// x[d] *= factor for d < n: a row-major row's rescale (the int8 P·V's rows, summed
+// row-major over a decode task's tiles, when the softmax's reference max moves).
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT x, std::int64_t n, float factor) {
+  const DF df;
+  const auto N = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF f = hn::Set(df, factor);
+  std::int64_t d = 0;
+  for (; d + N <= n; d += N) hn::StoreU(hn::Mul(hn::LoadU(df, x + d), f), df, x + d);
+  for (; d < n; ++d) x[d] *= factor;
+}
+
 // Keys a chunk of RowAccumulateDims reads: a chunk's float32 values (16 KiB at Ev = 128)
 // are meant to stay in L1 from one group's pass to the next.
 constexpr std::int64_t kChunkKeys = 32;

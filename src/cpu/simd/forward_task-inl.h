@@ -112,7 +112,7 @@ struct Scratch {
   Subtile sub[kSubtiles];
   hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
   // A subtile's query or output rows, before or after the transpose; during the key loop,
-  // int8::row_accumulate's row-major P·V of a tile.
+  // int8::row_accumulate's row-major P·V, summed over a decode task's tiles.
   hwy::AlignedFreeUniquePtr<float[]> row_major;
   hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
   std::vector<const std::byte*> k_rows, v_rows;  // decode rows: the tile's rows in place (and kMaxRowsAhead more)
@@ -248,6 +248,10 @@ class Task {
         UpdateSoftmax(t, j0, cols);
         Accumulate(t, j0, cols, tile_cols, end);
       }
+    }
+    if (rows_major_) {  // a decode task's int8 P·V, summed row-major over its tiles (one subtile)
+      AddRowsTransposed(few_values_, s_.row_major.get(), p_.Ev, s_.sub[0].ot.get(), s_.rows);
+      rows_major_ = false;
     }
     // No visible key reached it (or Ev = 0: P·V wrote nothing): Oᵀ = 0, for Finish and
     // SaveState.
@@ -516,6 +520,12 @@ class Task {
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // (not reloaded after each store)
     float* ot = t.ot.get() + lane0;
     for (std::size_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
+    if (rows_major_) {  // the int8 P·V's rows (a decode task: its rows lie in lanes 0 .. few_values_)
+      HWY_ALIGN float factor[HWY_MAX_BYTES / sizeof(float)];
+      hn::Store(alpha, df, factor);
+      for (std::int64_t r = static_cast<std::int64_t>(lane0); r < std::min<std::int64_t>(few_values_, lane0 + n_); ++r)
+        ScaleRow(s_.row_major.get() + r * p_.Ev, p_.Ev, factor[r - static_cast<std::int64_t>(lane0)]);
+    }
   }
 
   // Pᵀ ← Pᵀ ∘ Z over keys [j0, j0+cols): a kept probability times 1/(1−p), a dropped one
@@ -548,10 +558,12 @@ class Task {
         values_loaded_ = true;
       }
       if (p_.value_scale.present()) ScaleColumns(s_.st.get(), ScoreStride(), cols, s_.v_scale.get());
-      float* o = s_.row_major.get();  // (int8 P·V: few_values_ × Ev, row-major)
-      if (int8_row_values_ && int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()), few_values_,
-                                                   s_.v_rows.data(), cols, p_.Ev, RowsAhead<std::int8_t>(), o)) {
-        AddRowsTransposed(few_values_, o, p_.Ev, t.ot.get(), s_.rows);
+      // int8 P·V: few_values_ × Ev, row-major, summed over the task's tiles (rescaled with
+      // Oᵀ) and added into Oᵀ once, at the end of Attend — not transposed a tile.
+      if (int8_row_values_ &&
+          int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()), few_values_, s_.v_rows.data(),
+                               cols, p_.Ev, RowsAhead<std::int8_t>(), s_.row_major.get(), rows_major_)) {
+        rows_major_ = true;
         return;
       }
       RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
@@ -668,6 +680,7 @@ class Task {
   std::int64_t tile_ = kKeyTile;                // keys per tile: kDecodeKeyTile for a decode-rows task
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
+  bool rows_major_ = false;  // s_.row_major holds int8 P·V rows of this Attend, not yet in Oᵀ
   // The current tile's requests of the next one by the tile kernels, in elements of the
   // operand's dtype from a row to its next tile's (0: none; TileKernelsRequest).
   std::int64_t key_ahead_ = 0, value_ahead_ = 0;

@@ -184,11 +184,12 @@ SDPA_INT8_TARGET inline __attribute__((always_inline)) void add_pair(__m512i (&a
   }
 }
 
-// out[r·Ev + d] for the dims [d0, d0 + n), n <= 16·V (V even: 32 dims a pair of vectors).
+// out[r·Ev + d] (with `add`, out plus it) for the dims [d0, d0 + n), n <= 16·V (V even:
+// 32 dims a pair of vectors).
 template <int R, int V>
 SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* sigma, const std::byte* const* v_rows,
                                       std::int64_t cols, std::int64_t Ev, std::int64_t ahead, std::int64_t d0,
-                                      std::int64_t n, float* out) {
+                                      std::int64_t n, float* out, bool add) {
   static_assert(V % 2 == 0 && V <= 8 && R <= kMaxRows, "the unroll pragmas below cover these");
   __mmask32 mask[V / 2];
   for (int h = 0; h < V / 2; ++h) {
@@ -218,7 +219,9 @@ SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* si
         const std::int64_t left = n - 32 * h - 16 * half;
         if (left <= 0) break;
         const __mmask16 store = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
-        _mm512_mask_storeu_ps(out + r * Ev + d0 + 32 * h + 16 * half, store, _mm512_mul_ps(dims[half], scale));
+        float* at = out + r * Ev + d0 + 32 * h + 16 * half;
+        const __m512 sum = _mm512_mul_ps(dims[half], scale);
+        _mm512_mask_storeu_ps(at, store, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(store, at), sum) : sum);
       }
     }
   }
@@ -226,7 +229,7 @@ SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* si
 
 template <int R>
 SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, const std::byte* const* v_rows,
-                                      std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
+                                      std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out, bool add) {
   alignas(32) std::int32_t pairs[(kMaxKeys / 2) * kMaxRows];
   alignas(32) float sigma[kMaxRows];
   const bool packed = wt_stride == kPairStride<R> ? pack_dense_weights<R>(wt, cols, pairs, sigma)
@@ -238,11 +241,11 @@ SDPA_INT8_TARGET bool accumulate_rows(const float* wt, std::int64_t wt_stride, c
   constexpr int kVectors = std::min(8, 16 / R / 2 * 2);
   std::int64_t d = 0;
   for (; d + 16 * kVectors <= Ev; d += 16 * kVectors)
-    accumulate_dims<R, kVectors>(pairs, sigma, v_rows, cols, Ev, ahead, d, 16 * kVectors, out);
+    accumulate_dims<R, kVectors>(pairs, sigma, v_rows, cols, Ev, ahead, d, 16 * kVectors, out, add);
   if constexpr (kVectors > 4)
-    for (; d + 64 <= Ev; d += 64) accumulate_dims<R, 4>(pairs, sigma, v_rows, cols, Ev, ahead, d, 64, out);
+    for (; d + 64 <= Ev; d += 64) accumulate_dims<R, 4>(pairs, sigma, v_rows, cols, Ev, ahead, d, 64, out, add);
   for (; d < Ev; d += 32)
-    accumulate_dims<R, 2>(pairs, sigma, v_rows, cols, Ev, ahead, d, std::min<std::int64_t>(32, Ev - d), out);
+    accumulate_dims<R, 2>(pairs, sigma, v_rows, cols, Ev, ahead, d, std::min<std::int64_t>(32, Ev - d), out, add);
   return true;
 }
 
@@ -455,14 +458,14 @@ void row_scores(const std::int16_t* q_hat, const float* sigma, std::int64_t rows
 }
 
 bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, const std::byte* const* v_rows,
-                    std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out) {
-  using Kernel =
-      bool (*)(const float*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t, std::int64_t, float*);
+                    std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out, bool add) {
+  using Kernel = bool (*)(const float*, std::int64_t, const std::byte* const*, std::int64_t, std::int64_t, std::int64_t,
+                          float*, bool);
   static constexpr Kernel kernels[kMaxRows] = {accumulate_rows<1>, accumulate_rows<2>, accumulate_rows<3>,
                                                accumulate_rows<4>, accumulate_rows<5>, accumulate_rows<6>,
                                                accumulate_rows<7>, accumulate_rows<8>};
   assert(rows >= 1 && rows <= kMaxRows && cols <= kMaxKeys);  // (the stack buffers' sizes)
-  return kernels[rows - 1](wt, wt_stride, v_rows, cols, Ev, ahead, out);
+  return kernels[rows - 1](wt, wt_stride, v_rows, cols, Ev, ahead, out, add);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

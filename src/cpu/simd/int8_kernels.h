@@ -49,12 +49,13 @@ void row_scores(const std::int16_t* q_hat, const float* sigma, std::int64_t rows
 // out[r·Ev + d] = Σ_{c < cols} w[r][c] · V_c[d] for rows r < rows (1 to kMaxRows), dims
 // d < Ev and keys c < cols <= kMaxKeys, w[r][c] = wt[c·wt_stride + r] rounded to int16 as
 // above, V_c = v_rows[c] (int8, unit stride; an odd count's last key gets a zero
-// partner, row cols is not read); overwrites out. Requests the lines of v_rows[c + ahead]
+// partner, row cols is not read); overwrites out, or with `add` adds to it (a task's
+// tiles summed row-major, transposed once at its end). Requests the lines of v_rows[c + ahead]
 // into L2 while it reads v_rows[c] (v_rows holds cols + ahead pointers). Returns false,
 // writing nothing, when some row's weights are not all finite or its largest is below
 // 2^-96 but not 0 (the caller keeps float32 for the call: NaN must stay NaN, and σ must
 // be a normal float).
 bool row_accumulate(const float* wt, std::int64_t wt_stride, std::int64_t rows, const std::byte* const* v_rows,
-                    std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out);
+                    std::int64_t cols, std::int64_t Ev, std::int64_t ahead, float* out, bool add = false);
 
 }  // namespace sdpa::detail::int8
