@@ -52,7 +52,7 @@ constexpr std::int64_t kFewRows = 8;
 // Keys per tile of a task whose rows take these kernels: twice the tile kernels'
 // kKeyTile. What a decode tile costs besides its keys' arithmetic — the row lists, the
 // softmax's reference update and Oᵀ's rescale, the kernels' entry and epilogue (int8:
-// its sums to float32, AddRowsTransposed) — is paid half as often; the tile kernels keep
+// its sums to float32) — is paid half as often; the tile kernels keep
 // 96, sized for L1 and L2 (docs/performance.md, "Decoding").
 constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
 

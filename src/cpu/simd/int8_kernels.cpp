@@ -220,8 +220,10 @@ SDPA_INT8_TARGET void accumulate_dims(const std::int32_t* pairs, const float* si
         if (left <= 0) break;
         const __mmask16 store = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
         float* at = out + r * Ev + d0 + 32 * h + 16 * half;
-        const __m512 sum = _mm512_mul_ps(dims[half], scale);
-        _mm512_mask_storeu_ps(at, store, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(store, at), sum) : sum);
+        // (Added in one rounding, an FMA: not the product rounded, then the sum.)
+        _mm512_mask_storeu_ps(at, store,
+                              add ? _mm512_fmadd_ps(dims[half], scale, _mm512_maskz_loadu_ps(store, at))
+                                  : _mm512_mul_ps(dims[half], scale));
       }
     }
   }
