@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -240,23 +241,32 @@ TEST(QuantizedKV, MasksAndModifiersMatchOracle) {
 // pace (by ~4, 9, 13 and 17 a tile in log2 units, then by ~45 to ~180 into the last,
 // short tile): the softmax's reference max moves (by more than 8, NextReferenceMax), so
 // the int8 P·V's rows, summed row-major over the task's tiles, must be rescaled with Oᵀ
-// (and dropped where α = 2^(m − m') is 0).
+// (and dropped where α = 2^(m − m') is 0). Second, row 0's scores ~108 (log2) lower in
+// the second tile than in the first, so that its largest weight there is under 2^-96
+// and the whole tile keeps float32 (summed in Oᵀ) — a quarter of the other rows' weight
+// (their scores nearly flat) — between tiles summed row-major: both sums must be rescaled
+// (row 0's max then rises by ~17 a tile) and added.
 TEST(QuantizedKV, DecodeScoresRisingAcrossTilesMatchOracle) {
   Shape4 s;
   s.Hq = 4, s.Hkv = 1, s.L = 1, s.S = 4 * 192 + 50, s.E = 16, s.Ev = 24;
-  Quantized c = make_quantized(s, DType::bfloat16, 77);
-  for (std::int64_t h = 0; h < s.Hq; ++h)
-    for (std::int64_t e = 0; e < s.E; ++e) c.q.set(h * s.E + e, 0.25 * static_cast<double>(h + 1));
-  std::mt19937_64 rng(78);
-  std::uniform_real_distribution<double> noise(-0.3, 0.3);
-  for (std::int64_t j = 0; j < s.S; ++j) {
-    const std::int64_t tile = j / 192;
-    const double level = tile == 4 ? 40.0 : 3.0 * static_cast<double>(tile);
-    for (std::int64_t e = 0; e < s.E; ++e) c.k.set(j * s.E + e, level + noise(rng));
+  struct Case {
+    std::array<double, 4> q;       // row h's query elements (its score: 4 q[h] · its key's level)
+    std::array<double, 5> levels;  // a tile's keys' elements, ± 0.3
+    const char* what;
+  };
+  for (const Case& k : {Case{{0.25, 0.5, 0.75, 1.0}, {0.0, 3.0, 6.0, 9.0, 40.0}, "rising"},
+                        Case{{1.0, 0.01, 0.02, 0.03}, {0.0, -18.75, 3.0, 6.0, 10.0}, "a float32 tile between"}}) {
+    Quantized c = make_quantized(s, DType::bfloat16, 77);
+    for (std::int64_t h = 0; h < s.Hq; ++h)
+      for (std::int64_t e = 0; e < s.E; ++e) c.q.set(h * s.E + e, k.q[h]);
+    std::mt19937_64 rng(78);
+    std::uniform_real_distribution<double> noise(-0.3, 0.3);
+    for (std::int64_t j = 0; j < s.S; ++j)
+      for (std::int64_t e = 0; e < s.E; ++e) c.k.set(j * s.E + e, k.levels[j / 192] + noise(rng));
+    c.k8 = quantize_kv(c.k.view());
+    c.options.key_scale = c.k8.scale.view();
+    expect_agrees(c, k.what);
   }
-  c.k8 = quantize_kv(c.k.view());
-  c.options.key_scale = c.k8.scale.view();
-  expect_agrees(c, "rising");
 }
 
 // The decode microkernels (decode_rows-inl.h) take a task of few rows (group · L <=
@@ -333,16 +343,19 @@ TEST(QuantizedKV, DecodeKernelModifiersMatchOracle) {
 TEST(QuantizedKV, SplitKeyDecodeMatchesOracleAndIsDeterministic) {
   Shape4 s;
   s.Hq = 8, s.Hkv = 2, s.L = 1, s.S = 9001, s.E = 32, s.Ev = 32;
-  Quantized c = make_quantized(s, DType::float32, 400);
-  expect_agrees(c, "L 1");
-  std::vector<Tensor> outputs;
-  for (int threads : {1, 2, 3}) {
-    c.options.num_threads = threads;
-    outputs.push_back(forward(c.q.view(), c.key(), c.value(), c.options).output);
+  // (A bfloat16 query: 4 rows a KV head on the int8 kernels where the CPU has VNNI, the
+  // P·V's rows summed row-major over each split's tiles.)
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    Quantized c = make_quantized(s, dtype, 400);
+    expect_agrees(c, std::string("L 1 ") + dtype_name(dtype));
+    std::vector<Tensor> outputs;
+    for (int threads : {1, 2, 3}) {
+      c.options.num_threads = threads;
+      outputs.push_back(forward(c.q.view(), c.key(), c.value(), c.options).output);
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].nbytes()), 0);
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[2].data(), outputs[0].nbytes()), 0);
   }
-  EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].nbytes()), 0);
-  EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[2].data(), outputs[0].nbytes()), 0);
-  c.options.num_threads = 0;
   s.L = 3;
   Quantized c3 = make_quantized(s, DType::bfloat16, 401);
   c3.options.causal = Causal::bottom_right;

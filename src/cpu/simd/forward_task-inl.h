@@ -249,9 +249,10 @@ class Task {
         Accumulate(t, j0, cols, tile_cols, end);
       }
     }
-    if (rows_major_) {  // a decode task's int8 P·V, summed row-major over its tiles (one subtile)
+    if (row_major_pending_) {       // a decode task's int8 P·V, summed row-major over its tiles
+      HWY_DASSERT(subtiles_ == 1);  // (few rows: one subtile)
       AddRowsTransposed(few_values_, s_.row_major.get(), p_.Ev, s_.sub[0].ot.get(), s_.rows);
-      rows_major_ = false;
+      row_major_pending_ = false;
     }
     // No visible key reached it (or Ev = 0: P·V wrote nothing): Oᵀ = 0, for Finish and
     // SaveState.
@@ -504,7 +505,9 @@ class Task {
   }
 
   // Oᵀ's lanes [lane0, lane0 + N) times α, their rows' factor from a softmax step whose
-  // reference max was m_old before it.
+  // reference max was m_old before it; and the int8 P·V's row-major rows of those lanes
+  // (row_major_pending_), which are +0 where a row has seen no key (its weights, all 0,
+  // pack to σ = 0), so the early return below holds for them too.
   void RescaleOutputs(Subtile& t, std::size_t lane0, VF m_old, VF alpha) {
     const DF df;
     // Nothing to rescale while Oᵀ is fresh (not written yet), nor where every lane is
@@ -520,7 +523,7 @@ class Task {
     const std::size_t rows = s_.rows, Ev = static_cast<std::size_t>(p_.Ev);  // (not reloaded after each store)
     float* ot = t.ot.get() + lane0;
     for (std::size_t d = 0; d < Ev; ++d) hn::Store(hn::Mul(hn::Load(df, ot + d * rows), alpha), df, ot + d * rows);
-    if (rows_major_) {  // the int8 P·V's rows (a decode task: its rows lie in lanes 0 .. few_values_)
+    if (row_major_pending_) {  // the int8 P·V's rows (a decode task: its rows lie in lanes 0 .. few_values_)
       HWY_ALIGN float factor[HWY_MAX_BYTES / sizeof(float)];
       hn::Store(alpha, df, factor);
       for (std::int64_t r = static_cast<std::int64_t>(lane0); r < std::min<std::int64_t>(few_values_, lane0 + n_); ++r)
@@ -544,7 +547,8 @@ class Task {
   }
 
   // Oᵀ += V ⊗ Pᵀ over keys [j0, j0+cols) of the key tile [j0, j0+tile_cols), whose V
-  // rows are loaded (and, for bfloat16, packed in pairs) once for all subtiles.
+  // rows are loaded (and, for bfloat16, packed in pairs) once for all subtiles (a decode
+  // task's int8 P·V into s_.row_major instead, added into Oᵀ at the end of Attend).
   // bfloat16: P rounded to bfloat16 (as FlashAttention does for its P·V product; l
   // keeps the float32 sum). Keys [j0, end) are this task's.
   void Accumulate(Subtile& t, std::int64_t j0, std::int64_t cols, std::int64_t tile_cols, std::int64_t end) {
@@ -562,8 +566,8 @@ class Task {
       // Oᵀ) and added into Oᵀ once, at the end of Attend — not transposed a tile.
       if (int8_row_values_ &&
           int8::row_accumulate(s_.st.get(), static_cast<std::int64_t>(ScoreStride()), few_values_, s_.v_rows.data(),
-                               cols, p_.Ev, RowsAhead<std::int8_t>(), s_.row_major.get(), rows_major_)) {
-        rows_major_ = true;
+                               cols, p_.Ev, RowsAhead<std::int8_t>(), s_.row_major.get(), row_major_pending_)) {
+        row_major_pending_ = true;
         return;
       }
       RowAccumulate(p_.value.dtype, few_values_, s_.st.get(), ScoreStride(), s_.v_rows.data(), cols, p_.Ev, t.ot.get(),
@@ -680,7 +684,7 @@ class Task {
   std::int64_t tile_ = kKeyTile;                // keys per tile: kDecodeKeyTile for a decode-rows task
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
-  bool rows_major_ = false;  // s_.row_major holds int8 P·V rows of this Attend, not yet in Oᵀ
+  bool row_major_pending_ = false;  // s_.row_major holds int8 P·V rows of this Attend, not yet in Oᵀ
   // The current tile's requests of the next one by the tile kernels, in elements of the
   // operand's dtype from a row to its next tile's (0: none; TileKernelsRequest).
   std::int64_t key_ahead_ = 0, value_ahead_ = 0;
