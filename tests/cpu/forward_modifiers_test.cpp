@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "testing/expectations.h"
 #include "testing/formula.h"
@@ -106,19 +107,25 @@ TEST(CpuForwardModifiers, Float16MatchesOracleByTheToleranceRule) {
       {{1, 1, 1, 200, 150, 64, 24}, {2, 4, 2, 129, 200, 7, 7}, {1, 3, 1, 37, 300, 96, 16}, {1, 2, 2, 65, 97, 1, 1}});
 }
 
-// Left and right edges at every interesting place relative to a 96-key tile and a
-// 32-row subtile: just before, on and just after a boundary, both alignments.
-TEST(CpuForwardModifiers, WindowEdgesAroundTileBoundaries) {
+// Every window (left, right) of the lists, both alignments, float32, one KV head.
+void expect_window_edges_agree(std::int64_t heads_q, std::int64_t L, std::int64_t S, std::vector<std::int64_t> lefts,
+                               std::vector<std::int64_t> rights) {
   int n = 0;
-  for (std::int64_t left : {0, 31, 95, 96, 97, 191})
-    for (std::int64_t right : {-1, 0, 32, 95})
+  for (std::int64_t left : lefts)
+    for (std::int64_t right : rights)
       for (Alignment a : {Alignment::top_left, Alignment::bottom_right}) {
         Case c;
         c.dtype = DType::float32;
-        c.batch = {1}, c.heads_q = 1, c.heads_kv = 1, c.L = 160, c.S = 289, c.E = 16, c.Ev = 8;
+        c.batch = {1}, c.heads_q = heads_q, c.heads_kv = 1, c.L = L, c.S = S, c.E = 16, c.Ev = 8;
         c.window_left = left, c.window_right = right, c.alignment = a;
         expect_cpu_agrees(c, ++n);
       }
+}
+
+// Left and right edges at every interesting place relative to a 96-key tile and a
+// 32-row subtile: just before, on and just after a boundary, both alignments.
+TEST(CpuForwardModifiers, WindowEdgesAroundTileBoundaries) {
+  expect_window_edges_agree(1, 160, 289, {0, 31, 95, 96, 97, 191}, {-1, 0, 32, 95});
 }
 
 // The same for decode rows (4 heads × L = 2 on one KV head: the row kernels) and their
@@ -127,16 +134,7 @@ TEST(CpuForwardModifiers, WindowEdgesAroundTileBoundaries) {
 // 498 − left (115 ± 1 puts them at 382–385, 307 ± 1 at 190–193); top-left, the diagonal
 // at 0 and 1, right edges at 190–193.
 TEST(CpuForwardModifiers, DecodeWindowEdgesAroundTileBoundaries) {
-  int n = 0;
-  for (std::int64_t left : {0, 114, 115, 116, 306, 307, 308})
-    for (std::int64_t right : {-1, 0, 190, 191})
-      for (Alignment a : {Alignment::top_left, Alignment::bottom_right}) {
-        Case c;
-        c.dtype = DType::float32;
-        c.batch = {1}, c.heads_q = 4, c.heads_kv = 1, c.L = 2, c.S = 500, c.E = 16, c.Ev = 8;
-        c.window_left = left, c.window_right = right, c.alignment = a;
-        expect_cpu_agrees(c, ++n);
-      }
+  expect_window_edges_agree(4, 2, 500, {0, 114, 115, 116, 306, 307, 308}, {-1, 0, 190, 191});
 }
 
 // Every window side in {−1, 0, 1, 3} with causal of either alignment, on the CPU.
