@@ -10,8 +10,9 @@
 //   ot[d][r] += Σ_c pt[c][r] · v_c[d]                 (pt already times s^V_c for int8)
 // Oᵀ stays in the transposed layout the rest of the forward uses (a dim a row, a query
 // row a lane; int8 V's P·V sums its rows row-major over a task's tiles and is added into
-// Oᵀ once, AddRowsTransposed); Sᵀ is either that layout's (a key every vector or two of rows) or dense
-// (a key every G floats: DenseSoftmaxStep, simd/decode_softmax-inl.h), st_stride apart.
+// Oᵀ once, AddRowsTransposed); Sᵀ is either that layout's (a key every vector or two of
+// rows) or dense (a key every G floats: DenseSoftmaxStep, simd/decode_softmax-inl.h),
+// st_stride apart.
 // float32 decoding took these for the tiles on 2026-11-27 (10–26 % faster on the
 // Cascade Lake Xeon of bench/RESULTS.md), bfloat16 and float16 later that day
 // (2.0–2.3×). A bfloat16 query scores bfloat16 K on vdpbf16ps instead where
@@ -53,8 +54,8 @@ constexpr std::int64_t kFewRows = 8;
 // Keys per tile of a task whose rows take these kernels: twice the tile kernels'
 // kKeyTile. What a decode tile costs besides its keys' arithmetic — the row lists, the
 // softmax's reference update and Oᵀ's rescale, the kernels' entry and epilogue (int8:
-// its sums to float32) — is paid half as often; the tile kernels keep
-// 96, sized for L1 and L2 (docs/performance.md, "Decoding").
+// its sums to float32) — is paid half as often; the tile kernels keep 96, sized for L1
+// and L2 (docs/performance.md, "Decoding").
 constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
 
 // The kernels request row c + RowsAhead<T>'s lines while they compute with row c, so the
@@ -64,12 +65,14 @@ constexpr std::int64_t kDecodeKeyTile = 2 * kKeyTile;
 // the next tile's lines at the tile's start (an earlier way) left the two in turn.
 // float32, bfloat16 and float16 rows: 96 rows ahead (48 KiB for float32 at E = 128), a
 // whole tile when the decode tiles were 96 keys, so that every K (V) row of a tile was
-// requested while the tile before computed with its K (V) rows. At 32 rows ahead, a tile's K rows past its first 32
-// were requested only 32 rows before their turn, the V phase between having made no K request: an S = 65536 float32
-// call on the Zen 4, two threads, 6 alternating runs, median 26.6 ms at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128
-// (bfloat16 15.2 → 14.1 ms; float16, builds alternating, 10.8 → 9.9). int8 rows: 128, 16 KiB (median 6.3 ms at 64, 5.3
-// at 128, 96 and 256 no better: docs/performance.md, "Decoding"). Since the decode tiles grew to 192 keys
-// (kDecodeKeyTile), 96 is half a tile: 192 rows ahead, and int8's 256, were no faster on the Zen 5.
+// requested while the tile before computed with its K (V) rows. At 32 rows ahead, a
+// tile's K rows past its first 32 were requested only 32 rows before their turn, the V
+// phase between having made no K request: an S = 65536 float32 call on the Zen 4, two
+// threads, 6 alternating runs, median 26.6 ms at 32, 25.5 at 64, 22.0 at 96, 22.2 at 128
+// (bfloat16 15.2 → 14.1 ms; float16, builds alternating, 10.8 → 9.9). int8 rows: 128, 16
+// KiB (median 6.3 ms at 64, 5.3 at 128, 96 and 256 no better: docs/performance.md,
+// "Decoding"). Since the decode tiles grew to 192 keys (kDecodeKeyTile), 96 is half a
+// tile: 192 rows ahead, and int8's 256, were no faster on the Zen 5.
 constexpr std::int64_t RowsAheadOf(std::size_t element_bytes) { return element_bytes == 1 ? 128 : 96; }
 template <class T>
 constexpr std::int64_t RowsAhead() {

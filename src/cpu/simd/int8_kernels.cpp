@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cassert>
 #include <cmath>
 
@@ -32,10 +33,7 @@ static_assert(kMaxQueryDims * static_cast<double>(kQueryLargest) * 128 < 2147483
 // The weight pairs' stride (pack_weights): R rounded up to a power of two, a dense Sᵀ's
 // group (decode_softmax-inl.h), so that a dense Sᵀ's pairs come out of one vector whole.
 template <int R>
-constexpr int kPairStride = R <= 1   ? 1
-                            : R <= 2 ? 2
-                            : R <= 4 ? 4
-                                     : 8;
+constexpr int kPairStride = static_cast<int>(std::bit_ceil(static_cast<unsigned>(R)));
 
 // pairs[k·kPairStride<R> + r] = (ŵ[r][2k], ŵ[r][2k+1]) as int16 halves (low, high) and
 // sigma[r], for the R rows: ŵ = round(w / σ_r), σ_r = max_c |w[r][c]| / 32767 (0 for a
