@@ -225,20 +225,20 @@ class Task {
     // The task's rows are its KV head's whole group (row0 is then 0): no other task reads
     // its K and V rows through the cache, so it requests each next tile (RequestTile).
     const bool whole_group = row_count == p_.heads_q / p_.heads_kv * p_.L;
-    for (std::int64_t j0 = FirstTile(key_begin, key_start, tile_); j0 < end; j0 += tile_) {
-      const std::int64_t tile_cols = std::min(tile_, end - j0);
+    const std::int64_t tile = KeyTile();
+    for (std::int64_t j0 = FirstTile(key_begin, key_start, tile); j0 < end; j0 += tile) {
+      const std::int64_t tile_cols = std::min(tile, end - j0);
       const KeyRows k = LoadKeys(j0, tile_cols, end);
-      const std::int64_t next = j0 + tile_;
+      const std::int64_t next = j0 + tile;
       const bool request = whole_group && next < end;
-      // (The tile kernels request row c + tile_ for each row c, tile_ = kKeyTile there:
+      // (The tile kernels request row c + tile for each row c, tile = kKeyTile there:
       // only a whole next tile, so that no request passes the task's keys; a partial one
       // takes the burst.)
-      const bool whole_next = next + tile_ <= end;
-      key_ahead_ =
-          request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? tile_ * p_.key.row_stride : 0;
+      const bool whole_next = next + tile <= end;
+      key_ahead_ = request && whole_next && few_keys_ == 0 && TileKernelsRequest(p_.key) ? tile * p_.key.row_stride : 0;
       value_ahead_ =
-          request && whole_next && few_values_ == 0 && TileKernelsRequest(p_.value) ? tile_ * p_.value.row_stride : 0;
-      if (request) RequestTile(next, std::min(tile_, end - next));
+          request && whole_next && few_values_ == 0 && TileKernelsRequest(p_.value) ? tile * p_.value.row_stride : 0;
+      if (request) RequestTile(next, std::min(tile, end - next));
       values_loaded_ = false;
       for (std::int64_t g = 0; g < subtiles_; ++g) {
         Subtile& t = s_.sub[g];
@@ -292,7 +292,6 @@ class Task {
     const bool few = row_count <= std::min<std::int64_t>(kFewRows, per_subtile) && !bf16_;
     few_keys_ = few && RowKernelsRead(p_.key) ? row_count : 0;
     few_values_ = few && RowKernelsRead(p_.value) ? row_count : 0;
-    tile_ = few_keys_ > 0 || few_values_ > 0 ? kDecodeKeyTile : kKeyTile;
     // Both read in place, and no step that works lane by lane: the dense Sᵀ.
     const std::int64_t group = DenseGroup(row_count);
     const bool lanewise = p_.softcap > 0.0 || p_.has_alibi() || p_.dropout_p > 0.0 || p_.weights.present();
@@ -300,6 +299,9 @@ class Task {
     for (std::int64_t g = 0; g < subtiles_; ++g)
       AssignRows(p_, b, head_kv, row0 + g * per_subtile, std::min(per_subtile, row_count - g * per_subtile), s_.sub[g]);
   }
+
+  // Keys per tile: twice as many for a decode-rows task (kDecodeKeyTile).
+  std::int64_t KeyTile() const { return few_keys_ > 0 || few_values_ > 0 ? kDecodeKeyTile : kKeyTile; }
 
   // Requests the tile of keys [j0, j0 + cols) that the tiles read, in one burst
   // (PrefetchRows): K unless the row kernels read it, or the tile kernels read its rows
@@ -681,7 +683,6 @@ class Task {
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
   std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
-  std::int64_t tile_ = kKeyTile;                // keys per tile: kDecodeKeyTile for a decode-rows task
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   bool row_major_pending_ = false;  // s_.row_major holds int8 P·V rows of this Attend, not yet in Oᵀ

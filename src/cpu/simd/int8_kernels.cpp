@@ -43,6 +43,22 @@ constexpr int kPairStride = static_cast<int>(std::bit_ceil(static_cast<unsigned>
 // (Writes 8 int32 from each pair's row 0: up to 8 − R past the last pair's rows; pairs
 // holds (kMaxKeys / 2) · kMaxRows, room for that at every R up to kMaxKeys keys.)
 constexpr float kSmallestLargest = 0x1p-96f;
+
+// From each row's largest |w| as float bits (a lane a row, the lanes of no row 0): false
+// where one is not finite, or below kSmallestLargest but not 0; else σ of the R rows into
+// sigma, and lane by lane 32767 / largest (0 for a row of zeros) into *inverse.
+template <int R>
+SDPA_INT8_TARGET bool weight_scales(__m512i largest_bits, float* sigma, __m512* inverse) {
+  __mmask16 bad = _mm512_cmpgt_epi32_mask(largest_bits, _mm512_castps_si512(_mm512_set1_ps(3.4028235e38f)));
+  const __m512 largest = _mm512_castsi512_ps(largest_bits);
+  const __mmask16 nonzero = _mm512_cmp_ps_mask(largest, _mm512_setzero_ps(), _CMP_GT_OQ);
+  bad |= nonzero & _mm512_cmp_ps_mask(largest, _mm512_set1_ps(kSmallestLargest), _CMP_LT_OQ);
+  if (bad) return false;
+  *inverse = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(32767.0f), largest);
+  _mm512_mask_storeu_ps(sigma, static_cast<__mmask16>((1u << R) - 1), _mm512_div_ps(largest, _mm512_set1_ps(32767.0f)));
+  return true;
+}
+
 template <int R>
 SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std::int64_t cols, std::int32_t* pairs,
                                    float* sigma) {
@@ -57,13 +73,9 @@ SDPA_INT8_TARGET bool pack_weights(const float* wt, std::int64_t wt_stride, std:
     largest_bits = _mm256_max_epi32(
         largest_bits,
         _mm256_and_si256(_mm256_castps_si256(_mm256_maskz_loadu_ps(kRows, wt + c * wt_stride)), magnitude));
-  __mmask8 bad = _mm256_cmpgt_epi32_mask(largest_bits, _mm256_castps_si256(_mm256_set1_ps(3.4028235e38f)));
-  const __m256 largest = _mm256_castsi256_ps(largest_bits);
-  const __mmask8 nonzero = _mm256_cmp_ps_mask(largest, _mm256_setzero_ps(), _CMP_GT_OQ);
-  bad |= nonzero & _mm256_cmp_ps_mask(largest, _mm256_set1_ps(kSmallestLargest), _CMP_LT_OQ);
-  if (bad) return false;
-  const __m256 inverse = _mm256_maskz_div_ps(nonzero, _mm256_set1_ps(32767.0f), largest);
-  _mm256_storeu_ps(sigma, _mm256_div_ps(largest, _mm256_set1_ps(32767.0f)));
+  __m512 scales;
+  if (!weight_scales<R>(_mm512_zextsi256_si512(largest_bits), sigma, &scales)) return false;
+  const __m256 inverse = _mm512_castps512_ps256(scales);
   for (std::int64_t c = 0; c < cols; c += 2) {
     // (cvtps_epi32 rounds to nearest, even, under the default MXCSR.)
     const __m256i even = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskz_loadu_ps(kRows, wt + c * wt_stride), inverse));
@@ -122,13 +134,8 @@ SDPA_INT8_TARGET bool pack_dense_weights(const float* wt, std::int64_t cols, std
     largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 2));
   if constexpr (G <= 1)
     largest_bits = _mm512_max_epi32(largest_bits, _mm512_alignr_epi32(largest_bits, largest_bits, 1));
-  __mmask16 bad = _mm512_cmpgt_epi32_mask(largest_bits, _mm512_castps_si512(_mm512_set1_ps(3.4028235e38f)));
-  const __m512 largest = _mm512_castsi512_ps(largest_bits);
-  const __mmask16 nonzero = _mm512_cmp_ps_mask(largest, _mm512_setzero_ps(), _CMP_GT_OQ);
-  bad |= nonzero & _mm512_cmp_ps_mask(largest, _mm512_set1_ps(kSmallestLargest), _CMP_LT_OQ);
-  if (bad) return false;
-  const __m512 inverse = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(32767.0f), largest);  // lane i: row i mod G's
-  _mm512_mask_storeu_ps(sigma, static_cast<__mmask16>((1u << R) - 1), _mm512_div_ps(largest, _mm512_set1_ps(32767.0f)));
+  __m512 inverse;  // lane i: row i mod G's
+  if (!weight_scales<R>(largest_bits, sigma, &inverse)) return false;
   alignas(32) static constexpr std::array<std::int16_t, 16> kPairWords = PairWords<G>();
   const __m256i order = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPairWords.data()));
   for (std::int64_t c = 0; c < cols; c += kKeys) {
