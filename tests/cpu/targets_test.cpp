@@ -259,7 +259,7 @@ TEST_F(EveryTarget, HalfInfinityAndNaNInKeysAndValuesPropagate) {
 }
 
 // A decode task without lane-by-lane modifiers runs its softmax on a dense Sᵀ
-// (decode_softmax-inl.h: DenseSoftmaxStep); asking for the weights keeps the tiles' layout.
+// (softmax_step-inl.h: DenseSoftmaxStep); asking for the weights keeps the tiles' layout.
 // Both must give each row the same bits (output and lse): every row count 1–8, several
 // key tiles and a partial one, keys split in parts whose states are merged (S >= 4096),
 // a bool mask (applied at the dense stride), scores that rise along the keys at each

@@ -11,7 +11,7 @@
 // Oᵀ stays in the transposed layout the rest of the forward uses (a dim a row, a query
 // row a lane; int8 V's P·V sums its rows row-major over a task's tiles and is added into
 // Oᵀ once, AddRowsTransposed); Sᵀ is either that layout's (a key every vector or two of
-// rows) or dense (a key every G floats: DenseSoftmaxStep, simd/decode_softmax-inl.h),
+// rows) or dense (a key every G floats: DenseSoftmaxStep, simd/softmax_step-inl.h),
 // st_stride apart.
 // float32 decoding took these for the tiles on 2026-11-27 (10–26 % faster on the
 // Cascade Lake Xeon of bench/RESULTS.md), bfloat16 and float16 later that day

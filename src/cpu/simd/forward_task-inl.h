@@ -1,7 +1,7 @@
 // The forward's task: one KV head's group of query rows over a range of keys, in
-// subtiles of kVectors row vectors, and its per-thread scratch. forward.cpp runs the
-// tasks (its dispatch: which blocking, which path, how many threads); this file is how
-// each one computes.
+// subtiles of kVectors row vectors (their memory: simd/forward_scratch-inl.h).
+// forward.cpp runs the tasks (its dispatch: which blocking, which path, how many
+// threads); this file is how each one computes.
 //
 // Layout trick: every tile is held *transposed*, with query rows along the vector lanes.
 //   Sᵀ[c][r] = Σ_e K[c][e] · Qᵀ[e][r]        (QK: broadcast K[c][e], FMA with a Qᵀ row)
@@ -46,7 +46,6 @@
 #endif
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -56,19 +55,18 @@
 
 #include "common/half.h"
 #include "common/problem.h"
-#include "cpu/scratch.h"
 #include "cpu/simd/bf16_kernels.h"
 #include "cpu/simd/int8_kernels.h"
-#include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 // Per-target headers go after highway.h.
 #include "cpu/simd/decode_rows-inl.h"
-#include "cpu/simd/decode_softmax-inl.h"
 #include "cpu/simd/exp2-inl.h"
+#include "cpu/simd/forward_scratch-inl.h"
 #include "cpu/simd/lse_merge-inl.h"
 #include "cpu/simd/microkernels-inl.h"
 #include "cpu/simd/rows-inl.h"
 #include "cpu/simd/score_modifiers-inl.h"
+#include "cpu/simd/softmax_step-inl.h"
 #include "cpu/simd/store_outputs-inl.h"
 #include "cpu/simd/transpose-inl.h"
 
@@ -84,99 +82,6 @@ using namespace simd;  // NOLINT(google-build-using-namespace): the pieces share
 constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kDecodeKeyTile,
               "bf16::row_scores, int8::row_scores and row_accumulate take every decode task's rows and tiles");
-
-// One tile of 2 vectors of query rows (1 when decoding, 3 for long query groups on
-// AVX-512: see ForwardFloat32) and its running state. A task holds several, so that
-// each K/V tile, once loaded into the cache, serves all of them (long sequences would
-// otherwise stream K and V from memory once per 32 queries).
-struct Subtile : RowSet {
-  hwy::AlignedFreeUniquePtr<float[]> qt, ot, m, l;  // Qᵀ (scaled), Oᵀ, reference max and running sum
-  // Oᵀ holds nothing yet in this Attend (it stands for 0): the first P·V writes it instead
-  // of adding to zeros, so a tile or two of keys (a small head) needs no zero fill and no
-  // load of Oᵀ.
-  bool ot_fresh = true;
-  hwy::AlignedFreeUniquePtr<float[]> q_rows;       // decode rows: Q (scaled) row-major, kFewRows × E
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> q16;  // decode rows on vdpbf16ps: Q (bfloat16, unscaled) row-major
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> qp;   // bfloat16 path: query pairs
-  // Decode rows on vpdpwssd (int8 K): Q rounded to int16 (int8::pack_query), rows
-  // int8::QueryStride(E) apart, and their scales; q_int16 when that packing took.
-  hwy::AlignedFreeUniquePtr<std::int16_t[]> q_hat;
-  std::array<float, kFewRows> q_sigma{};
-  bool q_int16 = false;
-};
-
-// Per-thread scratch, 64-byte aligned. `rows` = kVectors vectors of query rows per subtile.
-template <std::size_t kVectors>
-struct Scratch {
-  std::size_t rows;
-  Subtile sub[kSubtiles];
-  hwy::AlignedFreeUniquePtr<float[]> st, zt, k_tile, v_tile, row_buffer, alibi_lanes;  // zt: dropout factors
-  // A subtile's query or output rows, before or after the transpose; during the key loop,
-  // int8::row_accumulate's row-major P·V, summed over a decode task's tiles.
-  hwy::AlignedFreeUniquePtr<float[]> row_major;
-  hwy::AlignedFreeUniquePtr<float[]> k_scale, v_scale;  // int8 K/V: the key tile's scales
-  std::vector<const std::byte*> k_rows, v_rows;  // decode rows: the tile's rows in place (and kMaxRowsAhead more)
-  // bfloat16 path: probability pairs, K and V tiles, value pairs.
-  hwy::AlignedFreeUniquePtr<std::uint16_t[]> pp, k16, v16, vp;
-
-  Scratch(const Problem& p, bool bf16_path) : rows(kVectors * hn::Lanes(DF())) {
-    const std::int64_t E_even = (p.E + 1) / 2 * 2, Ev = std::max<std::int64_t>(p.Ev, 1);
-    for (Subtile& t : sub) {
-      t.qt = allocate_aligned<float>(E_even * rows);  // (bfloat16: a zero row past an odd E)
-      t.ot = allocate_aligned<float>(Ev * rows);
-      t.m = allocate_aligned<float>(rows);
-      t.l = allocate_aligned<float>(rows);
-      if (bf16_path) t.qp = allocate_aligned<std::uint16_t>(E_even * rows);
-      // Whatever this call's K: the scratch is kept for later calls with other dtypes.
-      t.q_rows = allocate_aligned<float>(kFewRows * p.E);
-      t.q16 = allocate_aligned<std::uint16_t>(kFewRows * p.E);
-      t.q_hat = allocate_aligned<std::int16_t>(kFewRows * int8::QueryStride(p.E));
-      t.rows.reserve(rows);
-    }
-    // A tile's keys: a decode task's longer tiles (whose K or V may still take the tile
-    // kernels: k_tile, v_tile, a tile-layout Sᵀ) or the tile kernels' (kKeyTile, the
-    // bfloat16 buffers below).
-    static_assert(kDecodeKeyTile >= kKeyTile);
-    const std::int64_t tile = kDecodeKeyTile;
-    st = allocate_aligned<float>(tile * rows);
-    zt = allocate_aligned<float>(p.dropout_p > 0.0 ? tile * rows : 1);
-    k_tile = allocate_aligned<float>(tile * p.E);
-    v_tile = allocate_aligned<float>(tile * Ev);
-    row_buffer = allocate_aligned<float>(std::max({tile, p.E, Ev}));  // a mask, query or output row
-    alibi_lanes = allocate_aligned<float>(2 * rows);
-    row_major = allocate_aligned<float>(rows * std::max(p.E, Ev));
-    // (N more: the decode kernels read a vector of scales from any key of the tile, up
-    // to N − 1 past it.)
-    const std::size_t scales = tile + hn::Lanes(DF());
-    k_scale = allocate_aligned<float>(scales);
-    v_scale = allocate_aligned<float>(scales);
-    std::fill(k_scale.get(), k_scale.get() + scales, 0.0f);
-    std::fill(v_scale.get(), v_scale.get() + scales, 0.0f);
-    k_rows.resize(tile + kMaxRowsAhead);
-    v_rows.resize(tile + kMaxRowsAhead);
-    if (bf16_path) {
-      pp = allocate_aligned<std::uint16_t>(kKeyTile * rows);
-      k16 = allocate_aligned<std::uint16_t>(kKeyTile * E_even);
-      v16 = allocate_aligned<std::uint16_t>(kKeyTile * Ev);
-      vp = allocate_aligned<std::uint16_t>(kKeyTile * Ev);
-    }
-  }
-};
-
-// What Scratch's sizes depend on: a calling thread keeps its last call's scratch for its
-// next call with the same (ScratchCache, cpu/scratch.h), unless the head dim is above
-// kLargestKeptDim.
-struct ScratchKey {
-  std::int64_t E, Ev;
-  bool bf16, int8, dropout;
-  bool operator==(const ScratchKey&) const = default;
-};
-
-// Floats in one subtile's split state (simd/lse_merge-inl.h).
-template <std::size_t kVectors>
-std::int64_t StateSize(const Problem& p) {
-  return SplitStateFloats(kVectors * hn::Lanes(DF()), p.Ev);
-}
 
 // K (or V) of one key tile as the microkernels read it: float32 rows, or bfloat16 rows.
 struct KeyRows {
@@ -471,37 +376,9 @@ class Task {
       RescaleOutputs(t, 0, m_old, DenseSoftmax(st, padded, dense_group_, t.m.get(), t.l.get()));
       return;
     }
-    // The max and the sum over a tile's columns run as kPartials chains, column c in chain
-    // c mod kPartials: one chain would put a 4-cycle max or add per column on the
-    // critical path, about as long as issuing the column's exp. The chains depend on the
-    // column only, so any blocking of the rows gives a row the same bits.
-    constexpr std::int64_t kPartials = 4;
-    static_assert(kPartials == 4, "the chains' starts and final sums below are written out for 4");
     for (std::size_t lane0 = 0; lane0 < rows; lane0 += n_) {
       const VF m_old = hn::Load(df, t.m.get() + lane0);
-      VF m_part[kPartials] = {m_old, m_old, m_old, m_old};
-      std::int64_t c = 0;
-      for (; c + kPartials <= padded; c += kPartials)
-        for (std::int64_t j = 0; j < kPartials; ++j)
-          m_part[j] = hn::Max(m_part[j], hn::Load(df, st + (c + j) * rows + lane0));
-      for (; c < padded; ++c)
-        m_part[c % kPartials] = hn::Max(m_part[c % kPartials], hn::Load(df, st + c * rows + lane0));
-      const VF m_max = hn::Max(hn::Max(m_part[0], m_part[1]), hn::Max(m_part[2], m_part[3]));
-      const auto [m_new, m_use, alpha] = NextReference(m_old, m_max);
-      VF sum[kPartials] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
-      const auto exponentiate = [&](std::int64_t c, VF& partial) {
-        float* at = st + c * rows + lane0;
-        const VF prob = Exp2(df, hn::Sub(hn::Load(df, at), m_use));
-        hn::Store(prob, df, at);
-        partial = hn::Add(partial, prob);
-      };
-      for (c = 0; c + kPartials <= padded; c += kPartials)
-        for (std::int64_t j = 0; j < kPartials; ++j) exponentiate(c + j, sum[j]);
-      for (; c < padded; ++c) exponentiate(c, sum[c % kPartials]);
-      const VF tile_sum = hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]));
-      hn::Store(hn::MulAdd(hn::Load(df, t.l.get() + lane0), alpha, tile_sum), df, t.l.get() + lane0);
-      hn::Store(m_new, df, t.m.get() + lane0);
-      RescaleOutputs(t, lane0, m_old, alpha);
+      RescaleOutputs(t, lane0, m_old, LaneSoftmaxStep(st, rows, padded, lane0, t.m.get() + lane0, t.l.get() + lane0));
     }
     if (p_.dropout_p > 0.0) ApplyDropout(t, j0, cols);
   }
@@ -682,7 +559,7 @@ class Task {
   const bool int8_row_values_;
   std::int64_t b_ = 0, kvm_ = 0, subtiles_ = 0, padded_cols_ = 0;
   std::int64_t few_keys_ = 0, few_values_ = 0;  // rows of a decode-rows task (decode_rows-inl.h), else 0
-  std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (decode_softmax-inl.h), else 0
+  std::int64_t dense_group_ = 0;                // its dense Sᵀ's group (softmax_step-inl.h), else 0
   KeyRows values_;                              // V rows of the current key tile
   bool values_loaded_ = false;
   bool row_major_pending_ = false;  // s_.row_major holds int8 P·V rows of this Attend, not yet in Oᵀ

@@ -31,7 +31,7 @@ static_assert(kMaxKeys / 2 * 2.0 * 32767 * 128 < 2147483648.0, "int32 sums must 
 static_assert(kMaxQueryDims * static_cast<double>(kQueryLargest) * 128 < 2147483648.0, "nor the scores'");
 
 // The weight pairs' stride (pack_weights): R rounded up to a power of two, a dense Sᵀ's
-// group (decode_softmax-inl.h), so that a dense Sᵀ's pairs come out of one vector whole.
+// group (softmax_step-inl.h), so that a dense Sᵀ's pairs come out of one vector whole.
 template <int R>
 constexpr int kPairStride = static_cast<int>(std::bit_ceil(static_cast<unsigned>(R)));
 

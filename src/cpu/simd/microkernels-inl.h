@@ -75,8 +75,8 @@ constexpr std::int64_t kLineFloats = 16;
 // range; l ≤ S · 2^8) and α = 2^0 = 1 leaves Oᵀ as it is. Without it, one of a vector's
 // 16 rows found a new max in most key tiles of a long row, and rescaling Oᵀ was a sixth
 // of the softmax. Lane by lane, so a row's bits depend on its own scores only; the tiles'
-// step (simd/forward_task-inl.h) and the dense decode step (decode_softmax-inl.h) share it, so
-// asking for the weights changes no output bit. (An old m of −inf or NaN, or a NaN max:
+// step and the dense decode step (simd/softmax_step-inl.h) share it, so asking for the
+// weights changes no output bit. (An old m of −inf or NaN, or a NaN max:
 // the difference is not ≤ 8, so m takes the max, as without the rule.)
 HWY_INLINE VF NextReferenceMax(VF m_old, VF m_max) {
   const DF df;
