@@ -19,6 +19,7 @@
 #include "hwy/targets.h"
 #include "testing/expectations.h"
 #include "testing/gradients.h"
+#include "testing/grids.h"
 
 namespace sdpa::testing {
 namespace {
@@ -26,15 +27,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(CpuBackward, AwkwardLengthsAndHeadDimsMatchOracle) {
-  const std::int64_t dims[] = {1, 8, 40, 64, 80, 96, 111, 128, 256};
-  // A quarter of the grid.
-  for_sampled_awkward_shapes(dims, 4, 0, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
-    Case c;
-    c.batch = {1};
-    c.heads_q = c.heads_kv = 1;
-    c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
-    expect_gradients_agree(c, n);
-  });
+  check_each(awkward_shape_cases(4, 0), expect_gradients_agree);  // a quarter of the grid
 }
 
 // bfloat16 on the hostile grid, on both of its paths where the CPU has vdpbf16ps: its own
@@ -116,87 +109,24 @@ TEST(CpuBackward, NaNInUnseenKeysStaysOut) {
 }
 
 TEST(CpuBackward, LongSequencesBothWays) {
-  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{1023, 129}, {17, 1023}, {300, 400}}) {
-    Case c;
-    c.batch = {1};
-    c.heads_q = c.heads_kv = 1;
-    c.L = L, c.S = S, c.E = 64, c.Ev = 40;
-    expect_gradients_agree(c);
-    c.causal = Causal::bottom_right;
-    expect_gradients_agree(c);
-  }
+  check_each(long_sequence_cases({{1023, 129}, {17, 1023}, {300, 400}}), expect_gradients_agree);
 }
 
-TEST(CpuBackward, GqaRatiosMatchOracle) {
-  for (std::int64_t ratio : {1, 2, 5, 27})
-    for (std::int64_t heads_kv : {1, 2}) {
-      Case c;
-      c.heads_kv = heads_kv;
-      c.heads_q = heads_kv * ratio;
-      c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
-      c.mask = Case::Mask::boolean;
-      expect_gradients_agree(c, ratio * 10 + heads_kv);
-    }
-}
+TEST(CpuBackward, GqaRatiosMatchOracle) { check_each(gqa_ratio_cases(), expect_gradients_agree); }
 
 // A float mask's gradient has the mask's own shape: the full dS summed over the dims the
 // mask broadcasts along.
 TEST(CpuBackward, EveryMaskBroadcastShapeBoolAndFloatWithMaskGradient) {
-  // Q (B=2, Hq=3, L=5, E), K/V (2, 3, S=7, ·): masks broadcast to (2, 3, 5, 7).
-  const Shape shapes[] = {{7},       {1},          {5, 7},       {5, 1},       {1, 7},       {3, 1, 7},   {3, 5, 7},
-                          {1, 5, 7}, {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
-  for (const Shape& shape : shapes)
-    for (auto kind : {Case::Mask::boolean, Case::Mask::additive}) {
-      Case c;
-      c.heads_q = c.heads_kv = 3;
-      c.L = 5, c.S = 7;
-      c.mask = kind;
-      c.mask_shape = shape;
-      expect_gradients_agree(c);
-    }
+  check_each(mask_broadcast_cases(), expect_gradients_agree);
 }
 
-TEST(CpuBackward, CausalAlignmentsWithAndWithoutMask) {
-  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{17, 17}, {5, 70}, {70, 5}, {1, 129}, {129, 1}, {200, 150}})
-    for (Causal causal : {Causal::top_left, Causal::bottom_right})
-      for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
-        Case c;
-        c.L = L, c.S = S, c.causal = causal, c.mask = mask;
-        expect_gradients_agree(c);
-      }
-}
+TEST(CpuBackward, CausalAlignmentsWithAndWithoutMask) { check_each(causal_alignment_cases(), expect_gradients_agree); }
 
-TEST(CpuBackward, EveryDtypeMatchesOracleByTheToleranceRule) {
-  for (DType dtype : {DType::float64, DType::float32, DType::bfloat16, DType::float16})
-    for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive})
-      for (Causal causal : {Causal::none, Causal::top_left}) {
-        Case c;
-        c.dtype = dtype;
-        c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
-        c.mask = mask, c.causal = causal;
-        expect_gradients_agree(c);
-      }
-}
+TEST(CpuBackward, EveryDtypeMatchesOracleByTheToleranceRule) { check_each(dtype_cases(), expect_gradients_agree); }
 
-TEST(CpuBackward, InterleavedStridedInputs) {
-  for (DType dtype : {DType::float32, DType::bfloat16, DType::float64}) {
-    Case c;
-    c.dtype = dtype;
-    c.interleaved = true;
-    c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
-    c.causal = Causal::top_left;
-    expect_gradients_agree(c);
-  }
-}
+TEST(CpuBackward, InterleavedStridedInputs) { check_each(interleaved_cases(), expect_gradients_agree); }
 
-TEST(CpuBackward, ScaleNegativeZeroAndLarge) {
-  for (double scale : {-0.7, 0.0, 3.0}) {
-    Case c;
-    c.scale = scale;
-    c.mask = Case::Mask::additive;
-    expect_gradients_agree(c);
-  }
-}
+TEST(CpuBackward, ScaleNegativeZeroAndLarge) { check_each(scale_cases(), expect_gradients_agree); }
 
 TEST(CpuBackward, DropoutMatchesOracle) {
   for (double p : {0.1, 0.5, 0.9})

@@ -17,6 +17,7 @@
 
 #include "cpu/work_split.h"
 #include "testing/expectations.h"
+#include "testing/grids.h"
 
 namespace sdpa::testing {
 namespace {
@@ -24,88 +25,22 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(CpuForward, AwkwardLengthsAndHeadDimsMatchOracle) {
-  const std::int64_t dims[] = {1, 8, 40, 64, 80, 96, 111, 128, 256};
-  // A third of the grid.
-  for_sampled_awkward_shapes(dims, 3, 0, [&](std::int64_t L, std::int64_t S, std::int64_t E, int n) {
-    Case c;
-    c.batch = {1};
-    c.heads_q = c.heads_kv = 1;
-    c.L = L, c.S = S, c.E = E, c.Ev = (n % 2) ? E : dims[n % 9];
-    expect_forward_agrees(c, n);
-  });
+  check_each(awkward_shape_cases(3, 0), expect_forward_agrees);  // a third of the grid
 }
 
 TEST(CpuForward, LongSequenceBothWays) {
-  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{1023, 129}, {17, 1023}, {1023, 1023}}) {
-    Case c;
-    c.batch = {1};
-    c.heads_q = c.heads_kv = 1;
-    c.L = L, c.S = S, c.E = 64, c.Ev = 40;
-    expect_forward_agrees(c);
-    c.causal = Causal::bottom_right;
-    expect_forward_agrees(c);
-  }
+  check_each(long_sequence_cases({{1023, 129}, {17, 1023}, {1023, 1023}}), expect_forward_agrees);
 }
 
-TEST(CpuForward, GqaRatiosMatchOracle) {
-  for (std::int64_t ratio : {1, 2, 5, 27})
-    for (std::int64_t heads_kv : {1, 2}) {
-      Case c;
-      c.heads_kv = heads_kv;
-      c.heads_q = heads_kv * ratio;
-      c.L = 9, c.S = 13, c.E = 16, c.Ev = 24;
-      c.mask = Case::Mask::boolean;
-      expect_forward_agrees(c, ratio * 10 + heads_kv);
-    }
-}
+TEST(CpuForward, GqaRatiosMatchOracle) { check_each(gqa_ratio_cases(), expect_forward_agrees); }
 
-TEST(CpuForward, EveryMaskBroadcastShapeBoolAndFloat) {
-  // Q (B=2, Hq=3, L=5, E), K/V (2, 3, S=7, ·): masks broadcast to (2, 3, 5, 7).
-  const Shape shapes[] = {{7},       {1},          {5, 7},       {5, 1},       {1, 7},       {3, 1, 7},   {3, 5, 7},
-                          {1, 5, 7}, {2, 1, 1, 7}, {2, 3, 5, 7}, {1, 1, 5, 7}, {2, 1, 5, 1}, {1, 3, 1, 1}};
-  for (const Shape& shape : shapes)
-    for (auto kind : {Case::Mask::boolean, Case::Mask::additive}) {
-      Case c;
-      c.heads_q = c.heads_kv = 3;
-      c.L = 5, c.S = 7;
-      c.mask = kind;
-      c.mask_shape = shape;
-      expect_forward_agrees(c);
-    }
-}
+TEST(CpuForward, EveryMaskBroadcastShapeBoolAndFloat) { check_each(mask_broadcast_cases(), expect_forward_agrees); }
 
-TEST(CpuForward, CausalAlignmentsWithAndWithoutMask) {
-  for (auto [L, S] : {std::pair<std::int64_t, std::int64_t>{17, 17}, {5, 70}, {70, 5}, {1, 129}, {129, 1}})
-    for (Causal causal : {Causal::top_left, Causal::bottom_right})
-      for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive}) {
-        Case c;
-        c.L = L, c.S = S, c.causal = causal, c.mask = mask;
-        expect_forward_agrees(c);
-      }
-}
+TEST(CpuForward, CausalAlignmentsWithAndWithoutMask) { check_each(causal_alignment_cases(), expect_forward_agrees); }
 
-TEST(CpuForward, EveryDtypeMatchesOracleByTheToleranceRule) {
-  for (DType dtype : {DType::float64, DType::float32, DType::bfloat16, DType::float16})
-    for (auto mask : {Case::Mask::none, Case::Mask::boolean, Case::Mask::additive})
-      for (Causal causal : {Causal::none, Causal::top_left}) {
-        Case c;
-        c.dtype = dtype;
-        c.L = 65, c.S = 129, c.E = 64, c.Ev = 40;
-        c.mask = mask, c.causal = causal;
-        expect_forward_agrees(c);
-      }
-}
+TEST(CpuForward, EveryDtypeMatchesOracleByTheToleranceRule) { check_each(dtype_cases(), expect_forward_agrees); }
 
-TEST(CpuForward, InterleavedStridedInputs) {
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
-    Case c;
-    c.dtype = dtype;
-    c.interleaved = true;
-    c.heads_q = 4, c.heads_kv = 2, c.L = 33, c.S = 65, c.E = 40, c.Ev = 40;
-    c.causal = Causal::top_left;
-    expect_forward_agrees(c);
-  }
-}
+TEST(CpuForward, InterleavedStridedInputs) { check_each(interleaved_cases(), expect_forward_agrees); }
 
 // The lse is written a run of consecutive rows at a time (StoreLse,
 // simd/store_outputs-inl.h): into a strided buffer — (B, L, Hq) memory viewed as (B, Hq,
@@ -160,14 +95,7 @@ TEST(CpuForward, StridedLseMatchesPacked) {
   }
 }
 
-TEST(CpuForward, ScaleNegativeZeroAndLarge) {
-  for (double scale : {-0.7, 0.0, 3.0}) {
-    Case c;
-    c.scale = scale;
-    c.mask = Case::Mask::additive;
-    expect_forward_agrees(c);
-  }
-}
+TEST(CpuForward, ScaleNegativeZeroAndLarge) { check_each(scale_cases(), expect_forward_agrees); }
 
 TEST(CpuForward, DropoutMatchesOracleMaskExactly) {
   for (double p : {0.1, 0.5, 0.9})
