@@ -7,7 +7,7 @@
 //   query pairs   qp[p][r][2] = (Q[r][2p], Q[r][2p+1])
 //   prob. pairs   pp[c/2][r][2] = (P[r][c], P[r][c+1])          (bfloat16-rounded P)
 //   value pairs   vp[c/2][d][2] = (V[c][d], V[c+1][d])
-// The backward uses the same kernels on its own products (simd/backward.cpp): dPᵀ is a
+// The backward uses the same kernels on its own products (simd/backward_task-inl.h): dPᵀ is a
 // score block of V against dO pairs, dQᵀ accumulate_keys of dS against K pairs; and
 // rank_update for dK and dV, whose sums run over query rows, with the rows in pairs:
 //   row pairs     xp[r/2][d][2] = (X[r][d], X[r+1][d])           (X = Q or dO)

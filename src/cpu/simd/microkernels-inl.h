@@ -1,5 +1,5 @@
 // The register-blocked microkernels of the SIMD forward and backward (simd/forward_task-inl.h,
-// simd/backward.cpp) and their tile constants. Tiles are held transposed, query rows
+// simd/backward_task-inl.h) and their tile constants. Tiles are held transposed, query rows
 // along the vector lanes (a subtile is 1, 2 or 3 vectors of rows), so every product is a
 // broadcast of one K, V or weight element against a row of lanes: no horizontal sums.
 // Included once per Highway target by files that use hwy/foreach_target.h (hence the
