@@ -14,6 +14,7 @@ std::string Case::name() const {
   out << ") Hq=" << heads_q << " Hkv=" << heads_kv << " L=" << L << " S=" << S << " E=" << E << " Ev=" << Ev
       << " mask=" << static_cast<int>(mask) << " mask_rank=" << mask_shape.size()
       << " causal=" << static_cast<int>(causal) << " dropout=" << dropout_p << " interleaved=" << interleaved;
+  if (scale) out << " scale=" << *scale;
   if (stddev != 1) out << " stddev=" << stddev;
   if (window_left >= 0 || window_right >= 0) out << " window=(" << window_left << ", " << window_right << ")";
   if (alignment) out << " alignment=" << static_cast<int>(*alignment);

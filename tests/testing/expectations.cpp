@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "cpu/simd/bf16_kernels.h"
@@ -10,14 +11,14 @@
 namespace sdpa::testing {
 
 void expect_forward_agrees(const Case& c, std::uint64_t seed) {
-  SCOPED_TRACE(c.name());
+  SCOPED_TRACE(c.name() + " seed=" + std::to_string(seed));
   const Inputs in = make_inputs(c, seed);
   const Agreement a = compare_with_oracle(in.qv(), in.kv(), in.vv(), in.options);
   EXPECT_TRUE(a.ok()) << a.describe();
 }
 
 void expect_gradients_agree(const Case& c, std::uint64_t seed) {
-  SCOPED_TRACE(c.name());
+  SCOPED_TRACE(c.name() + " seed=" + std::to_string(seed));
   const Inputs in = make_inputs(c, seed);
   const GradientAgreement a =
       compare_gradients_with_oracle(in.qv(), in.kv(), in.vv(), in.options, c.mask == Case::Mask::additive);

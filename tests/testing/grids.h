@@ -32,8 +32,8 @@ std::vector<Case> gqa_ratio_cases();
 // that broadcasts to (2, 3, 5, 7), rank 1 to 4.
 std::vector<Case> mask_broadcast_cases();
 
-// Square, short and long L against S (17, 5 / 70, 1 / 129, 200 / 150 both ways round)
-// under both causal alignments, with no mask, a bool one and a float one.
+// L against S of 17 / 17, 5 / 70 and 1 / 129 (both ways round) and 200 / 150, under
+// both causal alignments, with no mask, a bool one and a float one.
 std::vector<Case> causal_alignment_cases();
 
 // float64, float32, bfloat16, float16 at L = 65, S = 129, E = 64, Ev = 40, each mask

@@ -28,7 +28,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
-namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by backward.cpp alone
+namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): backward.cpp's alone (through backward_task-inl.h)
 
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the forward
 

@@ -32,7 +32,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::detail {
 namespace HWY_NAMESPACE {
-namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by forward.cpp alone
+namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): forward.cpp's alone (through forward_task-inl.h)
 
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the backward
 

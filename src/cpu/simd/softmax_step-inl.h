@@ -43,8 +43,8 @@ namespace simd {
 // would put a 4-cycle max or add per column on the critical path, about as long as
 // issuing the column's exp. The chains depend on the column only, so any blocking of the
 // rows gives a row the same bits.
-inline VF LaneSoftmaxStep(float* HWY_RESTRICT st, std::size_t rows, std::int64_t padded, std::size_t lane0,
-                          float* HWY_RESTRICT m, float* HWY_RESTRICT l) {
+HWY_INLINE VF LaneSoftmaxStep(float* HWY_RESTRICT st, std::size_t rows, std::int64_t padded, std::size_t lane0,
+                              float* HWY_RESTRICT m, float* HWY_RESTRICT l) {
   const DF df;
   constexpr std::int64_t kPartials = 4;
   static_assert(kPartials == 4, "the chains' starts and final sums below are written out for 4");
