@@ -210,10 +210,13 @@ class Task {
 
   // Requests the tile of keys [j0, j0 + cols) that the tiles read, in one burst
   // (PrefetchRows): K unless the row kernels read it, or the tile kernels read its rows
-  // in place and so request them themselves (key_ahead_); likewise V.
+  // in place and so request them themselves (key_ahead_); likewise V. And an int8 K's or
+  // V's scales, which no kernel requests (RequestScales).
   void RequestTile(std::int64_t j0, std::int64_t cols) const {
     if (few_keys_ == 0 && key_ahead_ == 0) PrefetchRows(p_.key, kvm_, j0, cols, p_.E);
     if (few_values_ == 0 && value_ahead_ == 0) PrefetchRows(p_.value, kvm_, j0, cols, p_.Ev);
+    if (p_.key_scale.present()) RequestScales(p_.key_scale, kvm_, j0, cols);
+    if (p_.value_scale.present()) RequestScales(p_.value_scale, kvm_, j0, cols);
   }
 
   // Whether the float32 tile kernels read op's rows in place (KeyValueRows: no copy), so

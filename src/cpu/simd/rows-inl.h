@@ -99,6 +99,18 @@ class RowWalker {
 // The hardware prefetcher alone left them waiting: Zen 4, two threads, float32 (before
 // the tile kernels requested), GQA 32/8, L = 16, S = 8192 13.07–14.06 → 12.51–12.80 ms;
 // L = 4, S = 32768 25.1–27.8 → 20.9–22.2 ms (bench/RESULTS.md).
+// Requests the 64-byte line at `line` into L2 from a loop of requests alone. (asm
+// volatile, not _mm_prefetch: GCC 12 deleted such a loop of prefetch builtins as a loop
+// without effects — the binary had no prefetch in it. The decode kernels' _mm_prefetch
+// sits among their loads and stays.)
+HWY_INLINE void RequestLineInLoop(const std::byte* line) {
+#if HWY_ARCH_X86
+  asm volatile("prefetcht1 %0" : : "m"(*line));
+#else
+  hwy::Prefetch(line);
+#endif
+}
+
 inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                          std::int64_t width) {
   if (op.col_stride != 1) return;
@@ -106,17 +118,7 @@ inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0
   const std::int64_t bytes = width * static_cast<std::int64_t>(op.element_size);
   for (std::int64_t c = 0; c < cols; ++c) {
     const std::byte* row = rows.next();
-    for (std::int64_t b = 0; b < bytes; b += 64) {
-      const std::byte* line = row + b;
-#if HWY_ARCH_X86
-      // (asm volatile, not _mm_prefetch: GCC 12 deleted this loop of prefetch builtins
-      // as a loop without effects — the binary had no prefetch in it. The decode
-      // kernels' _mm_prefetch sits among their loads and stays.)
-      asm volatile("prefetcht1 %0" : : "m"(*line));
-#else
-      hwy::Prefetch(line);
-#endif
-    }
+    for (std::int64_t b = 0; b < bytes; b += 64) RequestLineInLoop(row + b);
   }
 }
 
@@ -281,6 +283,23 @@ inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j
   }
   RowWalker rows(scale, matrix, j0);
   for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, rows.next(), sizeof(float));
+}
+
+// Requests the lines of LoadScales' run of scales [j0, j0 + cols) into L2 (a cache's (B,
+// Hkv, S) scales; paged or strided ones are left to their loads, whose page walk a
+// request would repeat). A decode task's int8 tile copies its 192 keys' scales of K and
+// of V as it starts, 12 lines each, and unrequested they came from memory then, the
+// core waiting (an experiment that read every tile's scales from one cached run: 6
+// alternating rounds, each faster, 2.52–3.23 ms against 2.81–3.84 a call, S = 65536, GQA
+// 32/8, two threads). Requested a tile ahead
+// (Task::RequestTile): 10 alternating rounds, median 3.52 → 3.29 ms, every round
+// faster (docs/performance.md, "The int8 scales requested").
+inline void RequestScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols) {
+  if (scale.paged() || scale.row_stride != 1 || cols <= 0) return;
+  const auto* first = static_cast<const std::byte*>(scale.address(matrix, j0, 0));
+  const std::byte* last = first + (cols - 1) * static_cast<std::int64_t>(sizeof(float));
+  for (const std::byte* line = first; line <= last; line += 64) RequestLineInLoop(line);
+  RequestLineInLoop(last);  // (the run need not start on a line: its last line)
 }
 
 // Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
