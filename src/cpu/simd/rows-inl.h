@@ -89,16 +89,6 @@ class RowWalker {
   const std::byte* row_ = nullptr;
 };
 
-// Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
-// L2 in one burst, for rows of unit column stride (others are left to the hardware). A
-// task whose rows are its KV head's whole group of query rows (no other task reads those
-// rows through the cache: a decode of 9 or more rows a KV head, a short chunk of a
-// prefill) requests its next tile's rows as a tile starts, where the tile kernels do not
-// request them themselves as they compute (rows they read in place: Task's
-// TileKernelsRequest) — rows that a tile copies or converts (float16, strided, paged).
-// The hardware prefetcher alone left them waiting: Zen 4, two threads, float32 (before
-// the tile kernels requested), GQA 32/8, L = 16, S = 8192 13.07–14.06 → 12.51–12.80 ms;
-// L = 4, S = 32768 25.1–27.8 → 20.9–22.2 ms (bench/RESULTS.md).
 // Requests the 64-byte line at `line` into L2 from a loop of requests alone. (asm
 // volatile, not _mm_prefetch: GCC 12 deleted such a loop of prefetch builtins as a loop
 // without effects — the binary had no prefetch in it. The decode kernels' _mm_prefetch
@@ -111,6 +101,16 @@ HWY_INLINE void RequestLineInLoop(const std::byte* line) {
 #endif
 }
 
+// Requests every 64-byte line of op's rows [j0, j0 + cols) (`width` elements each) into
+// L2 in one burst, for rows of unit column stride (others are left to the hardware). A
+// task whose rows are its KV head's whole group of query rows (no other task reads those
+// rows through the cache: a decode of 9 or more rows a KV head, a short chunk of a
+// prefill) requests its next tile's rows as a tile starts, where the tile kernels do not
+// request them themselves as they compute (rows they read in place: Task's
+// TileKernelsRequest) — rows that a tile copies or converts (float16, strided, paged).
+// The hardware prefetcher alone left them waiting: Zen 4, two threads, float32 (before
+// the tile kernels requested), GQA 32/8, L = 16, S = 8192 13.07–14.06 → 12.51–12.80 ms;
+// L = 4, S = 32768 25.1–27.8 → 20.9–22.2 ms (bench/RESULTS.md).
 inline void PrefetchRows(const Operand& op, std::int64_t matrix, std::int64_t j0, std::int64_t cols,
                          std::int64_t width) {
   if (op.col_stride != 1) return;
@@ -285,21 +285,24 @@ inline void LoadScales(const Operand& scale, std::int64_t matrix, std::int64_t j
   for (std::int64_t c = 0; c < cols; ++c) std::memcpy(out + c, rows.next(), sizeof(float));
 }
 
-// Requests the lines of LoadScales' run of scales [j0, j0 + cols) into L2 (a cache's (B,
-// Hkv, S) scales; paged or strided ones are left to their loads, whose page walk a
-// request would repeat). A decode task's int8 tile copies its 192 keys' scales of K and
-// of V as it starts, 12 lines each, and unrequested they came from memory then, the
-// core waiting (an experiment that read every tile's scales from one cached run: 6
-// alternating rounds, each faster, 2.52–3.23 ms against 2.81–3.84 a call, S = 65536, GQA
-// 32/8, two threads). Requested a tile ahead
-// (Task::RequestTile): 10 alternating rounds, median 3.52 → 3.29 ms, every round
-// faster (docs/performance.md, "The int8 scales requested").
+// Requests the lines of LoadScales' run of scales [j0, j0 + cols) into L2: a cache's (B,
+// Hkv, S) scales, one run (paged scales are left to their loads, whose page walk a
+// request would repeat; strided ones, no run, likewise). An int8 decode tile copies its
+// 192 keys' scales of K as it starts and of V before its P·V, 12 lines each, and
+// unrequested they came from memory then, the core waiting (an experiment that read
+// every tile's scales from one cached run: 6 alternating rounds, each faster, 2.52–3.23
+// ms against 2.81–3.84 a call, S = 65536, GQA 32/8, two threads). Requested a tile
+// ahead (Task::RequestTile): 10 alternating rounds, each faster, median 3.52 → 3.29 ms
+// (docs/performance.md, "The int8 scales requested").
 inline void RequestScales(const Operand& scale, std::int64_t matrix, std::int64_t j0, std::int64_t cols) {
   if (scale.paged() || scale.row_stride != 1 || cols <= 0) return;
   const auto* first = static_cast<const std::byte*>(scale.address(matrix, j0, 0));
-  const std::byte* last = first + (cols - 1) * static_cast<std::int64_t>(sizeof(float));
-  for (const std::byte* line = first; line <= last; line += 64) RequestLineInLoop(line);
-  RequestLineInLoop(last);  // (the run need not start on a line: its last line)
+  // Offsets within the run (no pointer past it): its first line, then each next line's
+  // start up to its last scale.
+  const std::int64_t last = (cols - 1) * static_cast<std::int64_t>(sizeof(float));
+  const auto skew = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(first) % 64);
+  RequestLineInLoop(first);
+  for (std::int64_t b = 64 - skew; b <= last; b += 64) RequestLineInLoop(first + b);
 }
 
 // Table indices that spread consecutive floats over groups of `group` lanes: lane i takes
