@@ -67,9 +67,6 @@ namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by bac
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the forward
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// The vdpbf16ps kernels are written for 32-row subtiles of 16-lane vectors and their own
-// key blocks: the AVX-512 target's shape.
-constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock && kRankKeys == bf16::kRankKeys;
 
 // One key tile's K and V as the kernels read them: float32 rows, or bfloat16 rows.
 struct KeyValueTile {

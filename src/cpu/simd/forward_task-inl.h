@@ -77,9 +77,6 @@ namespace {  // NOLINT(google-build-namespaces, cert-dcl59-cpp): included by for
 
 using namespace simd;  // NOLINT(google-build-using-namespace): the pieces shared with the backward
 
-// bfloat16 inputs use the vdpbf16ps microkernels (simd/bf16_kernels.h) where bf16::chosen(),
-// written for 32-row tiles of 16-lane vectors: the AVX-512 target's shape.
-constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock;
 static_assert(bf16::kMaxDecodeRows >= kFewRows && int8::kMaxRows >= kFewRows && int8::kMaxKeys >= kDecodeKeyTile,
               "bf16::row_scores, int8::row_scores and row_accumulate take every decode task's rows and tiles");
 

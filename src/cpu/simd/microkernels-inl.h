@@ -15,6 +15,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpu/simd/bf16_kernels.h"
 #include "hwy/highway.h"
 #if HWY_ARCH_X86
 #include <xmmintrin.h>  // _mm_prefetch (RequestLine)
@@ -261,6 +262,11 @@ inline void Accumulate(const float* pt, std::size_t pt_stride, std::int64_t cols
 // dims. kKeyTile is a multiple of it.
 constexpr std::size_t kRankKeys = HWY_MAX_BYTES >= 64 ? 6 : 3;
 static_assert(kKeyTile % kRankKeys == 0);
+
+// Whether this target takes the vdpbf16ps microkernels (simd/bf16_kernels.h, where
+// bf16::chosen()) for bfloat16 inputs, forward and backward: they are written for 32-row
+// subtiles of 16-lane vectors and their own key blocks, the AVX-512 target's shape.
+constexpr bool kBf16KernelsFit = HWY_MAX_BYTES == 64 && kKeyBlock == bf16::kKeyBlock && kRankKeys == bf16::kRankKeys;
 
 // acc[c·acc_stride + v·N + ·] += Σ_{r0 <= r < r1} wt[c·wt_stride + r] · x[r·x_stride + v·N + ·]
 // for kRankKeys keys c and `Vectors` vectors v of dims: dV += Wᵀ-broadcast ⊗ dO rows,
